@@ -1,0 +1,40 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# The module against the kernel's own rules: checkpatch --strict, sparse
+# (C=2: every file, not only rebuilt ones) and a W=1 build without warnings.
+set -u
+top=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$top"
+B=${B:-build}
+. tests/common/ktap.sh
+eval "$(scripts/setup-deps --print-env)"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+ktap_plan 2
+srcs=$(ls kmod/*.c kmod/*.h kmod/include/uapi/linux/*.h 2>/dev/null)
+
+if perl "$KTREE/scripts/checkpatch.pl" --strict --no-tree --terse \
+	--ignore FILE_PATH_CHANGES --show-types -f $srcs > "$tmp/cp" 2>&1; then
+	ktap_ok "checkpatch --strict: kmod/ clean"
+else
+	ktap_fail "checkpatch --strict" "$(head -n 40 "$tmp/cp")"
+fi
+
+# A private build folder, so the normal build's objects are not disturbed.
+kb=$B/lint/kmod
+rm -rf "$kb"
+mkdir -p "$kb"
+for f in kmod/*.c kmod/*.h kmod/Kbuild kmod/include; do
+	[ -e "$f" ] && ln -sfn "$top/$f" "$kb/$(basename "$f")"
+done
+make -C "$KHEADERS" M="$top/$kb" W=1 C=2 modules > "$tmp/build" 2>&1
+rc=$?
+if [ $rc = 0 ] && ! grep -qE 'warning:|error:' "$tmp/build"; then
+	ktap_ok "W=1 build with sparse (C=2): no warnings"
+else
+	ktap_fail "W=1 build with sparse (C=2)" \
+		"$(grep -E -A3 'warning:|error:' "$tmp/build" | head -n 40)"
+fi
+ktap_done
