@@ -11,6 +11,8 @@
 #   make install    PREFIX=/usr/local DESTDIR=
 #   make clean
 
+.DEFAULT_GOAL := all
+
 B        ?= build
 PREFIX   ?= /usr/local
 DESTDIR  ?=
@@ -57,10 +59,10 @@ ALL        :=
 all: build-all
 
 include kmod/kmod.mk
--include lib/lib.mk
+include lib/lib.mk
 include tests/tests.mk
 -include tools/tools.mk
--include bench/bench.mk
+-include $(wildcard bench/*.mk)
 -include examples/examples.mk
 -include cuda/cuda.mk
 
