@@ -9,6 +9,16 @@
  * did not pass and refuses (-E2BIG) non-zero bytes it does not understand
  * from a newer caller.  All reserved fields must be zero (-EINVAL otherwise).
  *
+ * Errors beyond the usual EFAULT/EINVAL/E2BIG/ENOTTY/ENOMEM/EMFILE:
+ *   CREATE  EOVERFLOW size overflows rounding, EOPNOTSUPP HUGE without THP,
+ *           EFBIG over max_segment_bytes, EDQUOT over max_user_bytes,
+ *           ENOSPC over max_user_segments (module parameters)
+ *   GRANT   EBADF ctx_fd not open, EINVAL ctx_fd not a context,
+ *           EACCES read-only holder, EOVERFLOW more than INT_MAX grants
+ *   ATTACH  ENOENT no grant on this id in this context (never existed,
+ *           freed and not granted all look the same)
+ *   DROP    ENOENT no grant, EINVAL count above the grants held
+ *
  * See Documentation/userspace-api/tshm.rst for every ioctl and errno.
  */
 #ifndef _UAPI_LINUX_TSHM_H
