@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later
+/*
+ * ctx.c - contexts, backend choice, error strings.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tshm-private.h"
+
+TSHM_EXPORT
+const char *tshm_strerror(int err)
+{
+	if (err < 0)
+		err = -err;
+	switch (err) {
+	case 0:
+		return "success";
+	case EPIPE:
+		return "queue closed (and drained)";
+	case EMSGSIZE:
+		return "message larger than the queue's max_msg or the buffer";
+	case E2BIG:
+		return "too many segments for one message";
+	case ENOBUFS:
+		return "not enough room for the message's segments";
+	case EBADMSG:
+		return "corrupted queue slot, foreign queue or malformed handle";
+	case EXDEV:
+		return "object belongs to the other backend";
+	case ENODEV:
+		return "tshm module not loaded (/dev/tshm missing)";
+	case EOPNOTSUPP:
+		return "not supported by this backend";
+	case ETIMEDOUT:
+		return "timed out";
+	case EAGAIN:
+		return "would block";
+	case ENOTRECOVERABLE:
+		return "queue lock not recoverable";
+	case ENOENT:
+		return "no such segment or no grant for it in this context";
+	default:
+		return strerror(err);
+	}
+}
+
+static int ctx_new(int fd, enum tshm_backend backend, struct tshm_ctx **out)
+{
+	struct tshm_ctx *ctx = calloc(1, sizeof(*ctx));
+
+	if (!ctx)
+		return -ENOMEM;
+	ctx->mark = mmap(NULL, sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (ctx->mark == MAP_FAILED) {
+		free(ctx);
+		return -ENOMEM;
+	}
+	madvise((void *)ctx->mark, sysconf(_SC_PAGESIZE), MADV_WIPEONFORK);
+	atomic_init(ctx->mark, 1);
+	ctx->gen_base = 1;
+	atomic_init(&ctx->refs, 1);
+	ctx->fd = fd;
+	ctx->backend = backend;
+	ctx->page_size = sysconf(_SC_PAGESIZE);
+	pthread_mutex_init(&ctx->lock, NULL);
+	*out = ctx;
+	return 0;
+}
+
+static unsigned backend_from_env(void)
+{
+	const char *env = getenv("TSHM_BACKEND");
+
+	if (!env || !*env)
+		return 0;
+	if (!strcmp(env, "memfd"))
+		return TSHM_CTX_MEMFD;
+	if (!strcmp(env, "kmod"))
+		return TSHM_CTX_KMOD;
+	return ~0U;
+}
+
+TSHM_EXPORT
+int tshm_ctx_open(struct tshm_ctx **out, unsigned flags)
+{
+	enum tshm_backend backend;
+	int fd, ret;
+
+	if (!out || (flags & ~(TSHM_CTX_MEMFD | TSHM_CTX_KMOD)) ||
+	    (flags & TSHM_CTX_MEMFD && flags & TSHM_CTX_KMOD))
+		return -EINVAL;
+	if (!flags) {
+		flags = backend_from_env();
+		if (flags == ~0U)
+			return -EINVAL;
+	}
+
+	fd = -ENODEV;
+	if (!(flags & TSHM_CTX_MEMFD)) {
+		fd = kmod_open();
+		if (fd < 0 && (flags & TSHM_CTX_KMOD))
+			return fd == -ENOENT ? -ENODEV : fd;
+	}
+	if (fd >= 0) {
+		backend = TSHM_BACKEND_KMOD;
+	} else {
+		fd = memfd_ctx_open();
+		if (fd < 0)
+			return fd;
+		backend = TSHM_BACKEND_MEMFD;
+	}
+	ret = ctx_new(fd, backend, out);
+	if (ret < 0)
+		close(fd);
+	return ret;
+}
+
+TSHM_EXPORT
+int tshm_ctx_open_fd(int fd, unsigned flags, struct tshm_ctx **out)
+{
+	enum tshm_backend backend;
+	int nfd, ret;
+
+	if (!out || fd < 0 || (flags & ~(TSHM_CTX_MEMFD | TSHM_CTX_KMOD)))
+		return -EINVAL;
+	ret = kmod_is_ctx_fd(fd);
+	if (ret < 0)
+		return ret;
+	if (ret) {
+		backend = TSHM_BACKEND_KMOD;
+	} else {
+		ret = memfd_is_ctx_fd(fd);
+		if (ret < 0)
+			return ret;
+		if (!ret)
+			return -EINVAL;
+		backend = TSHM_BACKEND_MEMFD;
+	}
+	if ((flags & TSHM_CTX_MEMFD && backend != TSHM_BACKEND_MEMFD) ||
+	    (flags & TSHM_CTX_KMOD && backend != TSHM_BACKEND_KMOD))
+		return -EINVAL;
+	nfd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	if (nfd < 0)
+		return -errno;
+	ret = ctx_new(nfd, backend, out);
+	if (ret < 0)
+		close(nfd);
+	return ret;
+}
+
+uint64_t ctx_gen(struct tshm_ctx *ctx)
+{
+	uint64_t gen = atomic_load_explicit(ctx->mark, memory_order_relaxed);
+
+	if (likely(gen))
+		return gen;
+	/* First use in a forked child: a generation of its own. */
+	gen = 0;
+	atomic_compare_exchange_strong(ctx->mark, &gen, ctx->gen_base + 1);
+	gen = atomic_load(ctx->mark);
+	ctx->gen_base = gen;
+	return gen;
+}
+
+struct tshm_ctx *ctx_get(struct tshm_ctx *ctx)
+{
+	atomic_fetch_add_explicit(&ctx->refs, 1, memory_order_relaxed);
+	return ctx;
+}
+
+void ctx_put(struct tshm_ctx *ctx)
+{
+	if (atomic_fetch_sub_explicit(&ctx->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	close(ctx->fd);
+	munmap((void *)ctx->mark, sysconf(_SC_PAGESIZE));
+	pthread_mutex_destroy(&ctx->lock);
+	free(ctx);
+}
+
+TSHM_EXPORT
+void tshm_ctx_close(struct tshm_ctx *ctx)
+{
+	if (ctx)
+		ctx_put(ctx);
+}
+
+TSHM_EXPORT
+const char *tshm_ctx_backend(const struct tshm_ctx *ctx)
+{
+	return ctx->backend == TSHM_BACKEND_KMOD ? "kmod" : "memfd";
+}
+
+TSHM_EXPORT
+int tshm_ctx_fd(const struct tshm_ctx *ctx)
+{
+	return ctx->fd;
+}

@@ -1,0 +1,494 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * tshm.h - libtshm, shared memory between processes without leaks
+ *
+ * One header for the whole library.  Conventions, liburing style:
+ *
+ *  - Functions that can fail return 0 (or a non-negative count) on success
+ *    and a negative errno on failure; errno itself is not used.
+ *    tshm_strerror() explains the codes the library gives a specific
+ *    meaning to.
+ *  - Objects are opaque and reference counted (ref/unref) or have a
+ *    create/destroy pair.  There is no global state: everything the library
+ *    keeps lives in the struct tshm_ctx the caller opened.
+ *  - Timeouts are in milliseconds: < 0 waits forever, 0 never blocks and
+ *    gives -EAGAIN where it would have waited, > 0 gives -ETIMEDOUT when it
+ *    runs out.  Interrupted waits are restarted internally.
+ *  - Every file descriptor the library opens is O_CLOEXEC unless an export
+ *    function says otherwise.
+ *
+ * Thread safety: a tshm_ctx, its segments, queues and pools may be used from
+ * any number of threads at once, except where a function says otherwise.
+ * Destroying an object (the last unref, tshm_ctx_close, tshm_pool_destroy)
+ * while another thread still uses it is the caller's bug, as with free().
+ *
+ * Fork: a context, segment or queue created before fork() works in the child
+ * (the child inherits the fds and mappings).  A pool belongs to the process
+ * that created it.  See Documentation/lib/guide.rst for handing queues and
+ * contexts to exec'ed or unrelated processes.
+ */
+#ifndef _TSHM_H
+#define _TSHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TSHM_VERSION_MAJOR	0
+#define TSHM_VERSION_MINOR	1
+
+struct tshm_ctx;
+struct tshm_seg;
+struct tshm_queue;
+struct tshm_pool;
+
+/* ---- errors ---- */
+
+/*
+ * A message for a (negative or positive) errno as the library uses it, e.g.
+ * -EPIPE "queue closed and drained".  Never NULL; the string is static.
+ */
+const char *tshm_strerror(int err);
+
+/* ---- contexts ---- */
+
+/*
+ * tshm_ctx_open() flags.  Without either flag the library uses the module
+ * when /dev/tshm can be opened and the memfd fallback otherwise; the
+ * environment variable TSHM_BACKEND=kmod|memfd forces one when no flag does.
+ */
+#define TSHM_CTX_MEMFD		(1U << 0)	/* force the memfd fallback */
+#define TSHM_CTX_KMOD		(1U << 1)	/* require /dev/tshm (-ENODEV) */
+
+/*
+ * A context owns what this process holds: the module context (one open of
+ * /dev/tshm) or the fallback's state, and the cache of attached segments
+ * keyed by segment id.  Segments, queues and pools keep their context
+ * alive: tshm_ctx_close() drops the caller's reference only.
+ */
+int tshm_ctx_open(struct tshm_ctx **out, unsigned flags);
+void tshm_ctx_close(struct tshm_ctx *ctx);
+
+/* "kmod" or "memfd". */
+const char *tshm_ctx_backend(const struct tshm_ctx *ctx);
+
+/*
+ * The context's file descriptor (a /dev/tshm open on the module, a small
+ * sealed memfd on the fallback), owned by the context.  To give the context
+ * to an exec'ed child, clear FD_CLOEXEC on it in the child (after fork,
+ * before exec) and pass the number; the child calls tshm_ctx_open_fd(),
+ * which takes a duplicate and leaves @fd to the caller.  Flags as for
+ * tshm_ctx_open(); a backend flag that does not match @fd gives -EINVAL.
+ */
+int tshm_ctx_fd(const struct tshm_ctx *ctx);
+int tshm_ctx_open_fd(int fd, unsigned flags, struct tshm_ctx **out);
+
+/* ---- segments ---- */
+
+/* tshm_seg_create() flags */
+#define TSHM_SEG_HUGE		(1U << 0)	/* ask for transparent huge pages */
+#define TSHM_SEG_PREFAULT	(1U << 1)	/* allocate every page now */
+
+#define TSHM_SEG_NAME_MAX	31		/* bytes of a name, NUL excluded */
+
+/*
+ * A segment is a fixed-size shared mapping (no grow, no shrink) that lives
+ * while any process holds it.  tshm_seg_create() maps it read-write and
+ * returns it with one reference.  @name (may be NULL) is shown in
+ * /proc/tshm and /proc/PID/maps; longer names are cut.
+ */
+int tshm_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
+		    unsigned flags, struct tshm_seg **out);
+void *tshm_seg_data(struct tshm_seg *seg);
+size_t tshm_seg_size(const struct tshm_seg *seg);
+/* Module: the kernel's id, never reused.  Fallback: the memfd's inode. */
+uint64_t tshm_seg_id(const struct tshm_seg *seg);
+const char *tshm_seg_name(const struct tshm_seg *seg);
+struct tshm_seg *tshm_seg_ref(struct tshm_seg *seg);
+/* The last unref unmaps and closes: this process no longer holds it. */
+void tshm_seg_unref(struct tshm_seg *seg);
+
+/*
+ * Wait until this process is the segment's only holder: every process it
+ * was sent to has released it (unref, exit or death), and no copy is in
+ * flight in a queue.  Module: poll() on the segment fd.  Fallback: only in
+ * the process that created the segment (-EOPNOTSUPP elsewhere), through the
+ * segment's lease socket, whose peer travels with the memfd and hangs up
+ * when the last receiver lets go.  Returns 0, -ETIMEDOUT or -EAGAIN.
+ */
+int tshm_seg_wait_released(struct tshm_seg *seg, int timeout_ms);
+
+/*
+ * Handle passing.  A handle is 16 bytes that can cross any channel (a pipe,
+ * a socket, a file, your own shared memory).  Module backend only: export
+ * grants the segment to the exporting context once; whichever process
+ * holding that context imports it first consumes the grant.  Importing a
+ * segment the process already holds costs no system call (the cache), and
+ * the grant is given back later in a batch.  The fallback cannot name a
+ * memfd without passing the fd: both give -EOPNOTSUPP there; use
+ * tshm_seg_send_fd()/tshm_seg_recv_fd(), which work on both backends.
+ */
+struct tshm_handle {
+	uint64_t id;
+	uint32_t grants;	/* grants the handle carries (1) */
+	uint32_t flags;		/* zero */
+};
+
+int tshm_seg_export(struct tshm_seg *seg, struct tshm_handle *h);
+int tshm_seg_import(struct tshm_ctx *ctx, const struct tshm_handle *h,
+		    struct tshm_seg **out);
+
+/* Send one segment over a connected AF_UNIX socket with SCM_RIGHTS. */
+int tshm_seg_send_fd(struct tshm_seg *seg, int sock);
+int tshm_seg_recv_fd(struct tshm_ctx *ctx, int sock, struct tshm_seg **out);
+
+/* ---- queues ---- */
+
+/* Segments one message can carry. */
+#define TSHM_QUEUE_MAX_SEGS	8
+
+/*
+ * A bounded multi-producer multi-consumer queue in shared memory.  A
+ * message is up to @max_msg bytes (copied into the ring) plus up to
+ * TSHM_QUEUE_MAX_SEGS segments (never copied: the receiver maps the same
+ * pages).  @capacity messages fit (1 .. 65536).  The queue works across
+ * fork(); tshm_queue_export() and tshm_queue_send_fd() hand it to other
+ * processes.  A process SIGKILLed inside any queue call neither wedges the
+ * queue nor leaks what it carried (Documentation/lib/queue.rst).
+ */
+int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
+		      struct tshm_queue **out);
+
+/*
+ * Copy @len bytes and pass @nsegs segments (the caller keeps its references;
+ * the same segment may be sent many times, received segments may be sent
+ * on).  -EMSGSIZE: @len > max_msg.  -E2BIG: too many segments.  -EPIPE: the
+ * queue is closed.  -EXDEV: a segment from the other backend.
+ */
+int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
+		    struct tshm_seg *const *segs, unsigned nsegs,
+		    int timeout_ms);
+
+/*
+ * Receive one message: its bytes into @buf (@cap bytes of room, *@len set to
+ * the length), its segments into @segs (*@nsegs: in, room in @segs; out, how
+ * many arrived; each comes with a reference the caller unrefs).  @segs and
+ * @nsegs may be NULL for byte-only queues.  -EMSGSIZE (*@len set to the
+ * length needed) or -ENOBUFS (*@nsegs set to the count needed): the message
+ * stays queued.  -EPIPE: closed and drained.  -EBADMSG: the slot was
+ * corrupted; it has been skipped.
+ */
+int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
+		    struct tshm_seg **segs, unsigned *nsegs, int timeout_ms);
+
+/*
+ * Close the queue for every process: sends then fail with -EPIPE; receivers
+ * get what is queued, then -EPIPE.  Waiters are woken.  Idempotent.
+ */
+int tshm_queue_close(struct tshm_queue *q);
+struct tshm_queue *tshm_queue_ref(struct tshm_queue *q);
+void tshm_queue_unref(struct tshm_queue *q);
+
+/* Messages queued right now (a snapshot), capacity, max_msg. */
+unsigned tshm_queue_len(struct tshm_queue *q);
+unsigned tshm_queue_capacity(const struct tshm_queue *q);
+size_t tshm_queue_max_msg(const struct tshm_queue *q);
+
+/*
+ * How this process waits on this queue (local, not shared).
+ * ADAPTIVE (default): spin @spin_us microseconds, then sleep on a futex.
+ * FUTEX: sleep at once.  SPIN: never sleep (burns a CPU; timeouts still
+ * hold).  @spin_us is ignored by FUTEX and SPIN; 0 picks the default (50).
+ */
+enum tshm_wait {
+	TSHM_WAIT_ADAPTIVE = 0,
+	TSHM_WAIT_FUTEX = 1,
+	TSHM_WAIT_SPIN = 2,
+};
+int tshm_queue_set_wait(struct tshm_queue *q, enum tshm_wait policy,
+			unsigned spin_us);
+const char *tshm_wait_name(enum tshm_wait policy);
+
+/*
+ * Hand a queue to an exec'ed process: tshm_queue_export() clears FD_CLOEXEC
+ * on the queue's fds in the calling process and writes a descriptor such as
+ * "tshm-queue:1:memfd:5,6,7" into @buf (TSHM_QUEUE_DESC_MAX is enough).
+ * Call it in the child after fork() and before exec(): it is
+ * async-signal-safe.  tshm_queue_import() in the new program takes the fds
+ * over (they are closed by the last unref) and validates the shared header
+ * (-EBADMSG for a foreign or corrupted queue, -EXDEV for a context of the
+ * other backend).
+ *
+ * To an unrelated process: tshm_queue_send_fd() over a connected AF_UNIX
+ * socket, tshm_queue_recv_fd() on the other end.
+ */
+#define TSHM_QUEUE_DESC_MAX	64
+int tshm_queue_export(struct tshm_queue *q, char *buf, size_t len);
+int tshm_queue_import(struct tshm_ctx *ctx, const char *desc,
+		      struct tshm_queue **out);
+int tshm_queue_send_fd(struct tshm_queue *q, int sock);
+int tshm_queue_recv_fd(struct tshm_ctx *ctx, int sock, struct tshm_queue **out);
+
+/* ---- buffer pools ---- */
+
+/*
+ * @count segments of @size bytes, created up front.  tshm_pool_get() hands
+ * out a buffer with a reference the caller owns, waiting up to @timeout_ms
+ * when all are out.  The caller sends it and unrefs it; the buffer comes
+ * back by itself once every process it reached has released it (the
+ * segment's release notification, see tshm_seg_wait_released()).  A pool is
+ * used in the process that created it; it is thread-safe.  Destroy drops
+ * the pool's references; buffers still out live until released.
+ */
+int tshm_pool_create(struct tshm_ctx *ctx, unsigned count, size_t size,
+		     const char *name, unsigned seg_flags,
+		     struct tshm_pool **out);
+int tshm_pool_get(struct tshm_pool *pool, int timeout_ms,
+		  struct tshm_seg **out);
+/* Buffers ready to be handed out now (polls without blocking). */
+unsigned tshm_pool_available(struct tshm_pool *pool);
+void tshm_pool_destroy(struct tshm_pool *pool);
+
+/* ---- events and barriers ---- */
+
+/*
+ * Futex-based, process-shared when placed in shared memory (a segment's
+ * data, typically), in-process otherwise.  Initialize once, from one
+ * process, before others use them; they need no destroy.  Their contents
+ * are private.  A process that dies while waiting does not disturb the
+ * others; a barrier member that dies never arrives, so the others' waits
+ * time out (use a timeout where members can die).
+ *
+ * Event: manual-reset flag.  set wakes every waiter and stays set until
+ * reset; wait returns at once while set.
+ */
+struct tshm_event {
+	uint32_t __opaque[4];
+};
+int tshm_event_init(struct tshm_event *ev);
+int tshm_event_set(struct tshm_event *ev);
+int tshm_event_reset(struct tshm_event *ev);
+int tshm_event_wait(struct tshm_event *ev, int timeout_ms);
+/* 1 when set, 0 when not. */
+int tshm_event_is_set(struct tshm_event *ev);
+
+/*
+ * Barrier for @count members (1 .. 65535), reusable.  wait returns 1 in the
+ * member that arrived last, 0 in the others, -ETIMEDOUT (having withdrawn
+ * its arrival) when the others did not come in time.
+ */
+struct tshm_barrier {
+	uint32_t __opaque[4];
+};
+int tshm_barrier_init(struct tshm_barrier *b, unsigned count);
+int tshm_barrier_wait(struct tshm_barrier *b, int timeout_ms);
+
+/* ---- spawn (lib/spawn.c) ---- */
+
+/*
+ * Start @nprocs worker processes running one entry function, pass each its
+ * rank, the context and an argument blob, size their thread pools so they
+ * do not oversubscribe the machine, and never leave one behind: workers die
+ * with the caller (even SIGKILLed), and joining reports the first failure
+ * and terminates the rest.  Documentation/lib/spawn.rst has the details.
+ *
+ * Start methods:
+ *  FORK        fork() of the caller: fastest; the worker sees the caller's
+ *              memory.  Unsafe once the caller has threads or CUDA.
+ *  SPAWN       fork + exec of /proc/self/exe, which runs the entry
+ *              registered with TSHM_ENTRY(): a fresh address space (safe
+ *              with threads and CUDA).
+ *  FORKSERVER  fork() of a server process made by tshm_forkserver_create()
+ *              early, before the caller starts threads or CUDA.
+ */
+enum tshm_start_method {
+	TSHM_START_FORK = 0,
+	TSHM_START_SPAWN = 1,
+	TSHM_START_FORKSERVER = 2,
+};
+
+/* "fork", "spawn", "forkserver" (NULL for anything else). */
+const char *tshm_start_method_name(enum tshm_start_method method);
+
+#define TSHM_SPAWN_MAX_PROCS	1024	/* nprocs above: -E2BIG */
+#define TSHM_SPAWN_GRACE_MS	3000	/* default SIGTERM -> SIGKILL delay */
+#define TSHM_WORKER_MSG_MAX	512	/* a worker's message, NUL included */
+
+/* A worker's entry function: its return value is its exit status. */
+typedef int (*tshm_entry_fn)(int rank, int nprocs, void *arg);
+
+/*
+ * Entry points the SPAWN method can run, by name.  TSHM_ENTRY("name", fn) at
+ * file scope registers @fn from a constructor.  In an exec'ed worker the
+ * registration of the entry it was started for runs the worker there and
+ * then, so main() is never entered (and constructors that come later in
+ * link order never run).  Entries must live in the program or in a library
+ * it links, not in one it dlopen()s.
+ */
+struct tshm_entry {
+	const char *name;
+	tshm_entry_fn fn;
+	struct tshm_entry *__next;	/* private */
+	unsigned long __loaded;		/* private */
+};
+
+void tshm_entry_register(struct tshm_entry *entry);
+void tshm_entry_unregister(struct tshm_entry *entry);
+
+#define __TSHM_CAT2(a, b)	a##b
+#define __TSHM_CAT(a, b)	__TSHM_CAT2(a, b)
+#define TSHM_ENTRY(ename, efn)						\
+	static struct tshm_entry __TSHM_CAT(__tshm_entry_, __LINE__) = {	\
+		(ename), (efn), 0, 0 };					\
+	__attribute__((constructor)) static void			\
+	__TSHM_CAT(__tshm_entry_reg_, __LINE__)(void)			\
+	{ tshm_entry_register(&__TSHM_CAT(__tshm_entry_, __LINE__)); }	\
+	__attribute__((destructor)) static void				\
+	__TSHM_CAT(__tshm_entry_unreg_, __LINE__)(void)			\
+	{ tshm_entry_unregister(&__TSHM_CAT(__tshm_entry_, __LINE__)); }
+
+/*
+ * The forkserver: a process forked from the caller by
+ * tshm_forkserver_create(), which should run early in main(), before any
+ * thread or CUDA exists.  Workers are later forked from it, so they start
+ * from that early, clean image: globals the caller changed afterwards are
+ * not seen, and the entry function must be loaded at creation time
+ * (-EINVAL otherwise).  Any process holding it may use it; it exits when its
+ * creator exits or on destroy (running sets are not affected).
+ */
+struct tshm_forkserver;
+int tshm_forkserver_create(struct tshm_forkserver **out);
+int tshm_forkserver_pid(const struct tshm_forkserver *fs);
+void tshm_forkserver_destroy(struct tshm_forkserver *fs);
+
+/*
+ * Spawn attributes.  Defaults: 1 process, FORK, no entry, no argument,
+ * automatic thread budget, no pinning, grace TSHM_SPAWN_GRACE_MS.
+ */
+struct tshm_spawn_attr;
+int tshm_spawn_attr_create(struct tshm_spawn_attr **out);
+void tshm_spawn_attr_destroy(struct tshm_spawn_attr *attr);
+int tshm_spawn_attr_set_nprocs(struct tshm_spawn_attr *attr, int nprocs);
+int tshm_spawn_attr_set_method(struct tshm_spawn_attr *attr,
+			       enum tshm_start_method method);
+/* FORKSERVER needs one (-EINVAL at spawn time otherwise). */
+int tshm_spawn_attr_set_forkserver(struct tshm_spawn_attr *attr,
+				   struct tshm_forkserver *fs);
+/*
+ * What to run: a function (FORK, FORKSERVER; SPAWN looks it up among the
+ * registered entries) or the name of a registered entry (every method).
+ * Setting one clears the other.
+ */
+int tshm_spawn_attr_set_fn(struct tshm_spawn_attr *attr, tshm_entry_fn fn);
+int tshm_spawn_attr_set_entry(struct tshm_spawn_attr *attr, const char *name);
+/*
+ * The argument: @len bytes at @arg are copied at tshm_spawn() time and each
+ * worker gets a pointer to its own copy.  @len 0 passes @arg itself (FORK
+ * only: a pointer means nothing in an exec'ed or forkserver worker).
+ */
+int tshm_spawn_attr_set_arg(struct tshm_spawn_attr *attr, const void *arg,
+			    size_t len);
+/*
+ * Threads per worker: 0 (default) is floor(usable CPUs / nprocs), at least
+ * 1, where usable CPUs are those of the caller's affinity mask.  Exported
+ * to each worker as OMP_NUM_THREADS, MKL_NUM_THREADS and
+ * OPENBLAS_NUM_THREADS, replacing inherited values; tshm_spawn_attr_setenv()
+ * of one of them wins over the budget.
+ */
+int tshm_spawn_attr_set_threads(struct tshm_spawn_attr *attr, int threads);
+/* Set (or with @value NULL, remove) an environment variable in workers. */
+int tshm_spawn_attr_setenv(struct tshm_spawn_attr *attr, const char *name,
+			   const char *value);
+
+#define TSHM_SPAWN_PIN		(1U << 0)	/* sched_setaffinity() each
+						 * worker to its own CPUs */
+int tshm_spawn_attr_set_flags(struct tshm_spawn_attr *attr, unsigned flags);
+/* SIGTERM to SIGKILL delay when a set is terminated (0: SIGKILL at once). */
+int tshm_spawn_attr_set_grace_ms(struct tshm_spawn_attr *attr, int grace_ms);
+/*
+ * Hand queues to the workers (up to 16): tshm_worker_queue(i) gives the
+ * i-th in each worker, whatever the method.  Needs a context.
+ */
+int tshm_spawn_attr_add_queue(struct tshm_spawn_attr *attr,
+			      struct tshm_queue *q);
+
+/*
+ * Start the set.  Returns when every worker is running its entry function
+ * (or has already finished), or fails with nothing left running:
+ * -EINVAL (bad attributes, no entry), -E2BIG (nprocs above
+ * TSHM_SPAWN_MAX_PROCS), -ENOENT (no registered entry of that name or
+ * function for SPAWN), -EAGAIN (fork failed: RLIMIT_NPROC), an execve()
+ * errno, or -ECHILD (a worker died before reaching its entry).  @ctx may be
+ * NULL: workers then have no context.  The returned set belongs to the
+ * calling process; any of its threads may join it.
+ */
+struct tshm_procs;
+int tshm_spawn(struct tshm_ctx *ctx, const struct tshm_spawn_attr *attr,
+	       struct tshm_procs **out);
+
+/*
+ * What went wrong, from tshm_procs_join().  @rank is -1 when nothing did, or
+ * when the supervisor process itself died.  @exit_code is the exit status
+ * when @signo is 0; @signo the signal that killed the worker.  @message is
+ * the worker's own (tshm_worker_fail()), empty if it sent none; @summary a
+ * line for humans: "rank 2 (pid 1234): killed by SIGSEGV (core dumped)".
+ */
+struct tshm_failure {
+	int rank;
+	int pid;
+	int exit_code;
+	int signo;
+	int timed_out;		/* join timed out: @rank still running */
+	int __reserved[3];
+	char message[TSHM_WORKER_MSG_MAX];
+	char summary[TSHM_WORKER_MSG_MAX + 128];
+};
+
+/*
+ * Wait until every worker has exited 0 (returns 0), or one failed (-ECANCELED:
+ * a worker exited non-zero or was killed; the rest got SIGTERM, then SIGKILL
+ * after the grace period, and are reaped before this returns, unless
+ * @timeout_ms runs out first), or @timeout_ms passed (-ETIMEDOUT, or -EAGAIN
+ * for 0: @failure names the lowest rank still running).  The first failure
+ * is sticky.  @failure may be NULL.
+ */
+int tshm_procs_join(struct tshm_procs *procs, int timeout_ms,
+		    struct tshm_failure *failure);
+/* Start terminating the set: SIGTERM now, SIGKILL after the grace period. */
+int tshm_procs_terminate(struct tshm_procs *procs);
+/* Send @sig to every worker still running (the process group). */
+int tshm_procs_kill(struct tshm_procs *procs, int sig);
+int tshm_procs_nprocs(const struct tshm_procs *procs);
+/* The worker's pid, or -EINVAL.  Valid until the set is destroyed. */
+int tshm_procs_pid(const struct tshm_procs *procs, int rank);
+int tshm_procs_pgid(const struct tshm_procs *procs);
+/* Terminate what still runs (as tshm_procs_terminate), reap, free. */
+void tshm_procs_destroy(struct tshm_procs *procs);
+
+/* Signal name ("SIGSEGV"), or NULL. */
+const char *tshm_signal_name(int signo);
+
+/*
+ * Inside a worker.  tshm_worker_fail() sends the formatted message to the
+ * caller (reported by join) and exits with status 1; outside a worker it
+ * prints to stderr and exits(1).  The others return -1 / NULL outside.
+ * The context and queues are the worker runtime's: do not close them.
+ */
+__attribute__((noreturn, format(printf, 1, 2)))
+void tshm_worker_fail(const char *fmt, ...);
+int tshm_worker_rank(void);
+int tshm_worker_nprocs(void);
+int tshm_worker_threads(void);
+struct tshm_ctx *tshm_worker_ctx(void);
+struct tshm_queue *tshm_worker_queue(unsigned idx);
+
+/* ---- end spawn ---- */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* _TSHM_H */

@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later
+/*
+ * kmod.c - the module backend: thin wrappers around the /dev/tshm ioctls
+ * (kmod/include/uapi/linux/tshm.h).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <linux/tshm.h>
+
+#include "tshm-private.h"
+
+int kmod_open(void)
+{
+	int fd = open(TSHM_DEVICE_PATH, O_RDWR | O_CLOEXEC);
+
+	return fd < 0 ? -errno : fd;
+}
+
+/* 1 when @fd is an open of /dev/tshm. */
+int kmod_is_ctx_fd(int fd)
+{
+	struct stat st, dev;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (!S_ISCHR(st.st_mode) || stat(TSHM_DEVICE_PATH, &dev) < 0)
+		return 0;
+	return st.st_rdev == dev.st_rdev;
+}
+
+static int xioctl(int fd, unsigned long req, void *arg)
+{
+	int ret;
+
+	do {
+		ret = ioctl(fd, req, arg);
+	} while (ret < 0 && errno == EINTR);
+	return ret < 0 ? -errno : ret;
+}
+
+int kmod_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
+		    unsigned flags, int *fd, uint64_t *id, size_t *mapsize)
+{
+	struct tshm_create c = { .argsz = sizeof(c) };
+	int ret;
+
+	if (flags & TSHM_SEG_HUGE)
+		c.flags |= TSHM_CREATE_HUGE;
+	if (flags & TSHM_SEG_PREFAULT)
+		c.flags |= TSHM_CREATE_PREFAULT;
+	c.size = size;
+	if (name)
+		strncpy(c.name, name, sizeof(c.name) - 1);
+	ret = xioctl(ctx->fd, TSHM_IOC_CREATE, &c);
+	if (ret < 0)
+		return ret;
+	*fd = c.fd;
+	*id = c.id;
+	*mapsize = ALIGN_UP(size, ctx->page_size);
+	if (flags & TSHM_SEG_HUGE) {
+		struct tshm_info info = { .argsz = sizeof(info) };
+
+		ret = xioctl(c.fd, TSHM_IOC_INFO, &info);
+		if (ret < 0) {
+			close(c.fd);
+			return ret;
+		}
+		*mapsize = info.size;
+	}
+	return 0;
+}
+
+int kmod_grant(int seg_fd, int ctx_fd, int count)
+{
+	struct tshm_grant g = {
+		.argsz = sizeof(g), .ctx_fd = ctx_fd, .count = count,
+	};
+
+	int ret = xioctl(seg_fd, TSHM_IOC_GRANT, &g);
+
+	return ret < 0 ? ret : 0;
+}
+
+int kmod_attach(int ctx_fd, uint64_t id, int *fd, size_t *size)
+{
+	struct tshm_attach a = { .argsz = sizeof(a), .id = id };
+	int ret;
+
+	ret = xioctl(ctx_fd, TSHM_IOC_ATTACH, &a);
+	if (ret < 0)
+		return ret;
+	*fd = a.fd;
+	*size = a.size;
+	return 0;
+}
+
+int kmod_drop(int ctx_fd, uint64_t id, int count)
+{
+	struct tshm_attach a = { .argsz = sizeof(a), .id = id, .count = count };
+
+	return xioctl(ctx_fd, TSHM_IOC_DROP, &a);
+}
+
+int kmod_info_name(int seg_fd, char *name, size_t len)
+{
+	struct tshm_info info = { .argsz = sizeof(info) };
+	int ret;
+
+	ret = xioctl(seg_fd, TSHM_IOC_INFO, &info);
+	if (ret < 0)
+		return ret;
+	info.name[sizeof(info.name) - 1] = '\0';
+	strncpy(name, info.name, len - 1);
+	name[len - 1] = '\0';
+	return 0;
+}
+
+int kmod_seg_info(int seg_fd, uint64_t *id, size_t *size)
+{
+	struct tshm_info info = { .argsz = sizeof(info) };
+	int ret;
+
+	ret = xioctl(seg_fd, TSHM_IOC_INFO, &info);
+	if (ret < 0)
+		return ret == -ENOTTY ? -EBADMSG : ret;
+	*id = info.id;
+	*size = info.size;
+	return 0;
+}

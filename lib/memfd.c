@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later
+/*
+ * memfd.c - the fallback backend: sealed memfds.  The lease sockets that
+ * stand in for the module's holder counting live in seg.c.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tshm-private.h"
+
+#define MEMFD_CTX_NAME	"tshm-ctx"
+
+int memfd_ctx_open(void)
+{
+	int fd = memfd_create(MEMFD_CTX_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	if (fd < 0)
+		return -errno;
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_GROW | F_SEAL_SHRINK |
+		  F_SEAL_WRITE) < 0) {
+		int err = -errno;
+
+		close(fd);
+		return err;
+	}
+	return fd;
+}
+
+/* 1 when @fd is a fallback context: an empty memfd sealed like ours. */
+int memfd_is_ctx_fd(int fd)
+{
+	struct stat st;
+	int seals = fcntl(fd, F_GET_SEALS);
+
+	if (seals < 0)
+		return 0;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	return st.st_size == 0 && (seals & F_SEAL_WRITE);
+}
+
+int memfd_seg_id(int fd, uint64_t *id, size_t *size)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	*id = st.st_ino;
+	*size = st.st_size;
+	return 0;
+}
+
+int memfd_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
+		     unsigned flags, int *out_fd, uint64_t *id, size_t *mapsize)
+{
+	char tag[8 + TSHM_SEG_NAME_MAX + 1];
+	size_t sz = ALIGN_UP(size, ctx->page_size);
+	size_t dummy;
+	int fd, ret;
+
+	snprintf(tag, sizeof(tag), "tshm:%s", name ? name : "");
+	fd = memfd_create(tag, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, sz) < 0)
+		goto fail;
+	/* Receivers can never see it shrink (no SIGBUS) or grow. */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
+		goto fail;
+	if ((flags & TSHM_SEG_PREFAULT) &&
+	    fallocate(fd, 0, 0, sz) < 0 && errno != EOPNOTSUPP)
+		goto fail;
+	ret = memfd_seg_id(fd, id, &dummy);
+	if (ret < 0) {
+		close(fd);
+		return ret;
+	}
+	*out_fd = fd;
+	*mapsize = sz;
+	return 0;
+fail:
+	ret = -errno;
+	close(fd);
+	return ret;
+}

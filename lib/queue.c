@@ -1,0 +1,951 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later
+/*
+ * queue.c - bounded MPMC queues in shared memory.
+ *
+ * The ring lives in a sealed memfd: a header, then @capacity fixed-size
+ * slots.  One robust, process-shared mutex serializes senders and receivers;
+ * every change to the ring commits with a single store (tail for a send,
+ * head for a receive) made while holding it, so a holder SIGKILLed at any
+ * instruction leaves a consistent ring and the next locker only has to call
+ * pthread_mutex_consistent().  Waiting happens outside the lock, spinning
+ * and then sleeping on futex words that senders and receivers bump after
+ * each change.
+ *
+ * Segments never go through the ring as memory: only their ids.  On the
+ * module the sender grants each segment to the queue's own /dev/tshm
+ * context, so the kernel holds every in-flight reference, and the receiver
+ * attaches by id (or finds the segment in its cache and gives the grant back
+ * later).  On the fallback the fds travel in a SEQPACKET socket owned by the
+ * queue, sent and received under the same lock so that socket order is ring
+ * order; each socket message carries a tag that names its slot, which lets a
+ * receiver discard what a dead sender left behind.  Documentation/lib/
+ * queue.rst has the whole argument.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tshm-private.h"
+
+#define QUEUE_MAGIC		0x51485354U	/* "TSHQ" */
+#define QUEUE_VERSION		1
+#define QUEUE_MAX_CAPACITY	65536U
+#define QUEUE_MAX_MSG		(16UL << 20)
+#define QUEUE_MAX_RING		(1UL << 30)
+#define QUEUE_SPIN_US		50
+#define QUEUE_SNDBUF		(8 << 20)
+#define CACHELINE		64
+
+struct qhdr {
+	/* Written once by the creator; every process keeps its own copy. */
+	uint32_t magic;
+	uint32_t version;
+	uint32_t backend;
+	uint32_t capacity;
+	uint32_t slot_size;
+	uint32_t max_segs;
+	uint64_t max_msg;
+	uint64_t map_size;
+
+	/* The lock and the state only its holder changes. */
+	pthread_mutex_t lock __attribute__((aligned(CACHELINE)));
+	_Atomic uint32_t closed;
+	uint64_t tag;			/* fallback: last socket tag used */
+
+	_Atomic uint64_t head __attribute__((aligned(CACHELINE)));
+	_Atomic uint64_t tail __attribute__((aligned(CACHELINE)));
+
+	/* Futex words: bumped after every publish / consume / close. */
+	_Atomic uint32_t pub __attribute__((aligned(CACHELINE)));
+	_Atomic uint32_t rwait;		/* receivers asleep on @pub */
+	_Atomic uint32_t con __attribute__((aligned(CACHELINE)));
+	_Atomic uint32_t swait;		/* senders asleep on @con */
+} __attribute__((aligned(CACHELINE)));
+
+struct qslot {
+	uint64_t pos;			/* the position this slot holds */
+	uint64_t tag;			/* fallback: its socket message */
+	uint32_t len;
+	uint32_t nsegs;
+	uint64_t __pad;
+	struct tshm_handle h[TSHM_QUEUE_MAX_SEGS];
+	unsigned char data[];
+};
+
+/* What travels through the fallback's socket next to the fds. */
+struct qwire {
+	uint64_t tag;
+	uint32_t nsegs;
+	uint32_t __pad;
+	uint64_t gen[TSHM_QUEUE_MAX_SEGS];
+};
+
+struct tshm_queue {
+	atomic_int refs;
+	struct tshm_ctx *ctx;
+	struct qhdr *hdr;
+	unsigned char *slots;
+	size_t map_size;
+	/* Local copies of the geometry: shared memory is never trusted. */
+	uint32_t capacity;
+	uint32_t slot_size;
+	size_t max_msg;
+	int fd;				/* the ring's memfd */
+	int gfd;			/* module: the queue's context */
+	int sfd[2];			/* fallback: send end, receive end */
+	enum tshm_wait wait;
+	unsigned spin_us;
+};
+
+static size_t slot_size_for(size_t max_msg)
+{
+	return ALIGN_UP(sizeof(struct qslot) + max_msg, CACHELINE);
+}
+
+static size_t hdr_size(void)
+{
+	return ALIGN_UP(sizeof(struct qhdr), CACHELINE);
+}
+
+static struct qslot *q_slot(struct tshm_queue *q, uint64_t pos)
+{
+	return (struct qslot *)(q->slots + (pos % q->capacity) * q->slot_size);
+}
+
+int queue_grant_fd(const struct tshm_queue *q)
+{
+	return q->gfd;
+}
+
+/* ---- locking and waiting ---- */
+
+/* 0 locked, 1 locked after a dead holder, < 0 error. */
+static int q_lock(struct tshm_queue *q)
+{
+	int ret = pthread_mutex_lock(&q->hdr->lock);
+
+	if (likely(ret == 0))
+		return 0;
+	if (ret == EOWNERDEAD) {
+		/*
+		 * The holder died inside send or recv.  Its changes commit
+		 * with one store to head or tail, and nothing it wrote past
+		 * them is visible, so the ring is consistent as it is.
+		 */
+		pthread_mutex_consistent(&q->hdr->lock);
+		return 1;
+	}
+	return -ret;
+}
+
+static void q_wake(_Atomic uint32_t *word, _Atomic uint32_t *waiters,
+		   bool force)
+{
+	atomic_fetch_add(word, 1);
+	if (force || atomic_load(waiters))
+		futex_wake_all(word);
+}
+
+static void q_unlock(struct tshm_queue *q, bool recovered)
+{
+	pthread_mutex_unlock(&q->hdr->lock);
+	if (unlikely(recovered)) {
+		/* The dead holder may have owed someone a wake-up. */
+		q_wake(&q->hdr->pub, &q->hdr->rwait, true);
+		q_wake(&q->hdr->con, &q->hdr->swait, true);
+	}
+}
+
+/* Wait until *@word moves from @seen: 0, or -EAGAIN / -ETIMEDOUT. */
+static int q_wait(struct tshm_queue *q, _Atomic uint32_t *word, uint32_t seen,
+		  _Atomic uint32_t *waiters, const struct deadline *dl)
+{
+	int64_t until, t;
+	unsigned i = 0;
+	int ret;
+
+	if (dl->nowait)
+		return -EAGAIN;
+	if (q->wait != TSHM_WAIT_FUTEX) {
+		until = dl->ns;
+		if (q->wait == TSHM_WAIT_ADAPTIVE) {
+			t = now_ns() + (int64_t)q->spin_us * 1000;
+			if (t < until)
+				until = t;
+		}
+		for (;;) {
+			if (atomic_load_explicit(word, memory_order_acquire) !=
+			    seen)
+				return 0;
+			cpu_relax();
+			if ((++i & 127) == 0) {
+				t = now_ns();
+				if (t >= dl->ns)
+					return -ETIMEDOUT;
+				if (t >= until)
+					break;
+			}
+		}
+	}
+	atomic_fetch_add(waiters, 1);
+	ret = futex_wait_until(word, seen, dl);
+	atomic_fetch_sub(waiters, 1);
+	return ret;
+}
+
+/* ---- backend halves of send and receive ---- */
+
+static int q_grant_segs(struct tshm_queue *q, struct qslot *slot,
+			struct tshm_seg *const *segs, unsigned nsegs)
+{
+	unsigned i;
+	int ret;
+
+	for (i = 0; i < nsegs; i++) {
+		ret = kmod_grant(segs[i]->fd, q->gfd, 1);
+		if (ret < 0) {
+			while (i--)
+				kmod_drop(q->gfd, segs[i]->id, 1);
+			return ret;
+		}
+		slot->h[i].id = segs[i]->id;
+		slot->h[i].grants = 1;
+		slot->h[i].flags = 0;
+	}
+	return 0;
+}
+
+static int q_send_fds(struct tshm_queue *q, struct qslot *slot,
+		      struct tshm_seg *const *segs, unsigned nsegs)
+{
+	struct tshm_lease *lease[TSHM_QUEUE_MAX_SEGS];
+	int fds[2 * TSHM_QUEUE_MAX_SEGS];
+	struct qwire w = { .nsegs = nsegs };
+	unsigned i, n;
+	int ret = 0;
+
+	for (n = 0; n < nsegs; n++) {
+		ret = seg_lease_get(segs[n], &lease[n]);
+		if (ret < 0)
+			goto out;
+		fds[2 * n] = segs[n]->fd;
+		fds[2 * n + 1] = lease[n]->fd;
+		w.gen[n] = lease[n]->gen;
+		slot->h[n].id = segs[n]->id;
+		slot->h[n].grants = 0;
+		slot->h[n].flags = 0;
+	}
+	/* The tag is spent before the send: a retry never reuses it. */
+	w.tag = ++q->hdr->tag;
+	ret = fd_send(q->sfd[0], &w, sizeof(w), fds, 2 * nsegs, MSG_DONTWAIT);
+	if (ret == 0)
+		slot->tag = w.tag;
+out:
+	for (i = 0; i < n; i++)
+		lease_put(lease[i]);
+	return ret;
+}
+
+/*
+ * Fetch the fds of the message tagged @tag, discarding older messages that
+ * dead senders left behind.  1: they are gone (a receiver died holding
+ * them), the slot must be skipped.
+ */
+static int q_recv_fds(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
+		      int *fds, uint64_t *gen)
+{
+	struct qwire w;
+	unsigned nfds, i;
+	ssize_t n;
+
+	for (;;) {
+		n = recv(q->sfd[1], &w, sizeof(w), MSG_PEEK | MSG_DONTWAIT);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n != sizeof(w) || w.tag > tag)
+			return 1;
+		nfds = 2 * TSHM_QUEUE_MAX_SEGS;
+		n = fd_recv(q->sfd[1], &w, sizeof(w), fds, &nfds, MSG_DONTWAIT);
+		if (n < 0 && n != -EBADMSG)
+			return 1;
+		if (n == sizeof(w) && w.tag == tag && w.nsegs == nsegs &&
+		    nfds == 2 * nsegs) {
+			memcpy(gen, w.gen, nsegs * sizeof(*gen));
+			return 0;
+		}
+		for (i = 0; i < nfds; i++)
+			close(fds[i]);
+		if (n == sizeof(w) && w.tag == tag)
+			return 1;
+	}
+}
+
+/* Turn what a receive brought into referenced segments. */
+static int q_attach_segs(struct tshm_queue *q, const struct tshm_handle *h,
+			 unsigned nsegs, struct tshm_seg **segs)
+{
+	struct tshm_ctx *ctx = q->ctx;
+	struct tshm_seg *seg;
+	unsigned i, j;
+	size_t size;
+	bool hit;
+	int fd, ret;
+
+	for (i = 0; i < nsegs; i++) {
+		pthread_mutex_lock(&ctx->lock);
+		seg = seg_cache_lookup_locked(ctx, h[i].id);
+		pthread_mutex_unlock(&ctx->lock);
+		if (seg) {
+			/* Held already: no system call. */
+			seg_note_unconsumed_grant(seg, q);
+		} else {
+			ret = kmod_attach(q->gfd, h[i].id, &fd, &size);
+			if (ret == 0)
+				ret = seg_adopt(ctx, fd, h[i].id, size, &seg,
+						&hit);
+			if (ret < 0)
+				goto fail;
+		}
+		segs[i] = seg;
+	}
+	return 0;
+fail:
+	/* Give back the grants the rest of the message carried. */
+	for (j = i + 1; j < nsegs; j++)
+		kmod_drop(q->gfd, h[j].id, 1);
+	while (i--)
+		tshm_seg_unref(segs[i]);
+	return ret == -ENOENT ? -EBADMSG : ret;
+}
+
+static int q_adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
+		       const uint64_t *gen, struct tshm_seg **segs)
+{
+	unsigned i, j;
+	uint64_t id;
+	size_t size;
+	bool hit;
+	int ret = 0;
+
+	for (i = 0; i < nsegs; i++) {
+		ret = memfd_seg_id(fds[2 * i], &id, &size);
+		if (ret == 0)
+			ret = seg_adopt(q->ctx, fds[2 * i], id, size, &segs[i],
+					&hit);
+		else
+			close(fds[2 * i]);
+		if (ret < 0) {
+			close(fds[2 * i + 1]);
+			break;
+		}
+		seg_lease_received(segs[i], fds[2 * i + 1], gen[i]);
+	}
+	if (ret == 0)
+		return 0;
+	for (j = i + 1; j < nsegs; j++) {
+		close(fds[2 * j]);
+		close(fds[2 * j + 1]);
+	}
+	while (i--)
+		tshm_seg_unref(segs[i]);
+	return ret;
+}
+
+/* ---- send and receive ---- */
+
+TSHM_EXPORT
+int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
+		    struct tshm_seg *const *segs, unsigned nsegs,
+		    int timeout_ms)
+{
+	struct qhdr *hdr;
+	struct qslot *slot;
+	struct deadline dl;
+	uint64_t head, tail;
+	bool recovered;
+	uint32_t seen;
+	unsigned i;
+	int ret;
+
+	if (!q || (len && !msg) || (nsegs && !segs))
+		return -EINVAL;
+	if (len > q->max_msg)
+		return -EMSGSIZE;
+	if (nsegs > TSHM_QUEUE_MAX_SEGS)
+		return -E2BIG;
+	for (i = 0; i < nsegs; i++) {
+		if (!segs[i])
+			return -EINVAL;
+		if (segs[i]->ctx->backend != q->ctx->backend)
+			return -EXDEV;
+	}
+	hdr = q->hdr;
+	deadline_init(&dl, timeout_ms);
+	for (;;) {
+		ret = q_lock(q);
+		if (ret < 0)
+			return ret;
+		recovered = ret;
+		seen = atomic_load(&hdr->con);
+		if (atomic_load_explicit(&hdr->closed, memory_order_relaxed)) {
+			q_unlock(q, recovered);
+			return -EPIPE;
+		}
+		head = atomic_load_explicit(&hdr->head, memory_order_relaxed);
+		tail = atomic_load_explicit(&hdr->tail, memory_order_relaxed);
+		if (tail - head < q->capacity) {
+			slot = q_slot(q, tail);
+			if (!nsegs)
+				ret = 0;
+			else if (q->ctx->backend == TSHM_BACKEND_KMOD)
+				ret = q_grant_segs(q, slot, segs, nsegs);
+			else
+				ret = q_send_fds(q, slot, segs, nsegs);
+			if (ret == 0)
+				break;
+			q_unlock(q, recovered);
+			if (ret != -EAGAIN)
+				return ret;
+			/* The fallback's socket is full: wait for room. */
+			ret = deadline_poll_ms(&dl);
+			if (ret == 0)
+				return deadline_err(&dl);
+			poll(&(struct pollfd){ .fd = q->sfd[0],
+					       .events = POLLOUT }, 1, ret);
+			continue;
+		}
+		q_unlock(q, recovered);
+		ret = q_wait(q, &hdr->con, seen, &hdr->swait, &dl);
+		if (ret < 0)
+			return ret;
+	}
+	slot->len = len;
+	slot->nsegs = nsegs;
+	if (len)
+		memcpy(slot->data, msg, len);
+	slot->pos = tail;
+	/* The commit: the message exists once tail moves past it. */
+	atomic_store_explicit(&hdr->tail, tail + 1, memory_order_release);
+	q_unlock(q, recovered);
+	q_wake(&hdr->pub, &hdr->rwait, false);
+	return 0;
+}
+
+TSHM_EXPORT
+int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
+		    struct tshm_seg **segs, unsigned *nsegs, int timeout_ms)
+{
+	struct tshm_handle h[TSHM_QUEUE_MAX_SEGS];
+	uint64_t gen[TSHM_QUEUE_MAX_SEGS];
+	int fds[2 * TSHM_QUEUE_MAX_SEGS];
+	unsigned room = nsegs ? *nsegs : 0, n;
+	struct qhdr *hdr;
+	struct qslot *slot;
+	struct deadline dl;
+	uint64_t head, tail;
+	bool recovered;
+	uint32_t seen, mlen;
+	int ret;
+
+	if (!q || (cap && !buf) || (room && !segs))
+		return -EINVAL;
+	hdr = q->hdr;
+	deadline_init(&dl, timeout_ms);
+again:
+	for (;;) {
+		ret = q_lock(q);
+		if (ret < 0)
+			return ret;
+		recovered = ret;
+		seen = atomic_load(&hdr->pub);
+		head = atomic_load_explicit(&hdr->head, memory_order_relaxed);
+		tail = atomic_load_explicit(&hdr->tail, memory_order_relaxed);
+		if (head != tail)
+			break;
+		if (atomic_load_explicit(&hdr->closed, memory_order_relaxed)) {
+			q_unlock(q, recovered);
+			ctx_flush_drops(q->ctx);
+			return -EPIPE;
+		}
+		q_unlock(q, recovered);
+		/*
+		 * About to idle: give back the grants batched by cache hits,
+		 * so that their producers see the segments released.
+		 */
+		ctx_flush_drops(q->ctx);
+		ret = q_wait(q, &hdr->pub, seen, &hdr->rwait, &dl);
+		if (ret < 0)
+			return ret;
+	}
+
+	/* Everything read from the slot is checked against local limits. */
+	slot = q_slot(q, head);
+	mlen = slot->len;
+	n = slot->nsegs;
+	if (slot->pos != head || mlen > q->max_msg ||
+	    n > TSHM_QUEUE_MAX_SEGS) {
+		ret = -EBADMSG;
+		goto consume;
+	}
+	if (mlen > cap) {
+		if (len)
+			*len = mlen;
+		q_unlock(q, recovered);
+		return -EMSGSIZE;
+	}
+	if (n > room) {
+		if (nsegs)
+			*nsegs = n;
+		q_unlock(q, recovered);
+		return -ENOBUFS;
+	}
+	if (mlen)
+		memcpy(buf, slot->data, mlen);
+	memcpy(h, slot->h, n * sizeof(h[0]));
+	ret = 0;
+	if (n && q->ctx->backend == TSHM_BACKEND_MEMFD &&
+	    q_recv_fds(q, slot->tag, n, fds, gen))
+		ret = 1;
+consume:
+	/* The commit: the message is taken once head moves past it. */
+	atomic_store_explicit(&hdr->head, head + 1, memory_order_release);
+	q_unlock(q, recovered);
+	q_wake(&hdr->con, &hdr->swait, false);
+	if (ret == 1)
+		goto again;	/* a dead receiver took it: skip */
+	if (ret < 0)
+		return ret;
+
+	if (n) {
+		if (q->ctx->backend == TSHM_BACKEND_KMOD)
+			ret = q_attach_segs(q, h, n, segs);
+		else
+			ret = q_adopt_fds(q, n, fds, gen, segs);
+		if (ret < 0)
+			return ret;
+	}
+	if (len)
+		*len = mlen;
+	if (nsegs)
+		*nsegs = n;
+	return 0;
+}
+
+TSHM_EXPORT
+int tshm_queue_close(struct tshm_queue *q)
+{
+	int ret;
+
+	if (!q)
+		return -EINVAL;
+	ret = q_lock(q);
+	if (ret < 0)
+		return ret;
+	atomic_store(&q->hdr->closed, 1);
+	q_unlock(q, ret);
+	q_wake(&q->hdr->pub, &q->hdr->rwait, true);
+	q_wake(&q->hdr->con, &q->hdr->swait, true);
+	return 0;
+}
+
+TSHM_EXPORT
+unsigned tshm_queue_len(struct tshm_queue *q)
+{
+	uint64_t head = atomic_load(&q->hdr->head);
+	uint64_t tail = atomic_load(&q->hdr->tail);
+
+	return tail - head > q->capacity ? q->capacity : tail - head;
+}
+
+TSHM_EXPORT
+unsigned tshm_queue_capacity(const struct tshm_queue *q)
+{
+	return q->capacity;
+}
+
+TSHM_EXPORT
+size_t tshm_queue_max_msg(const struct tshm_queue *q)
+{
+	return q->max_msg;
+}
+
+TSHM_EXPORT
+int tshm_queue_set_wait(struct tshm_queue *q, enum tshm_wait policy,
+			unsigned spin_us)
+{
+	if (!q || (unsigned)policy > TSHM_WAIT_SPIN)
+		return -EINVAL;
+	q->wait = policy;
+	q->spin_us = spin_us ? spin_us : QUEUE_SPIN_US;
+	return 0;
+}
+
+TSHM_EXPORT
+const char *tshm_wait_name(enum tshm_wait policy)
+{
+	switch (policy) {
+	case TSHM_WAIT_ADAPTIVE:
+		return "adaptive";
+	case TSHM_WAIT_FUTEX:
+		return "futex";
+	case TSHM_WAIT_SPIN:
+		return "spin";
+	}
+	return "?";
+}
+
+/* ---- creation, attachment, lifetime ---- */
+
+static void q_close_fds(int fd, int gfd, const int *sfd)
+{
+	if (fd >= 0)
+		close(fd);
+	if (gfd >= 0)
+		close(gfd);
+	if (sfd[0] >= 0)
+		close(sfd[0]);
+	if (sfd[1] >= 0)
+		close(sfd[1]);
+}
+
+/*
+ * Map the ring behind @fd and check that its header describes a queue that
+ * fits the mapping.  The fds pass to the queue on success only.
+ */
+static int q_attach(struct tshm_ctx *ctx, int fd, int gfd, const int *sfd,
+		    struct tshm_queue **out)
+{
+	struct tshm_queue *q;
+	struct qhdr *hdr;
+	struct stat st;
+	size_t need;
+	void *map;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if ((size_t)st.st_size < hdr_size() ||
+	    (size_t)st.st_size > QUEUE_MAX_RING + hdr_size() + ctx->page_size)
+		return -EBADMSG;
+	map = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED)
+		return -errno;
+	hdr = map;
+	need = hdr_size() + (size_t)hdr->capacity * hdr->slot_size;
+	if (hdr->magic != QUEUE_MAGIC || hdr->version != QUEUE_VERSION ||
+	    hdr->capacity < 1 || hdr->capacity > QUEUE_MAX_CAPACITY ||
+	    hdr->max_msg > QUEUE_MAX_MSG ||
+	    hdr->max_segs != TSHM_QUEUE_MAX_SEGS ||
+	    hdr->slot_size != slot_size_for(hdr->max_msg) ||
+	    hdr->map_size != (uint64_t)st.st_size || need > (size_t)st.st_size) {
+		munmap(map, st.st_size);
+		return -EBADMSG;
+	}
+	if (hdr->backend != (uint32_t)ctx->backend) {
+		munmap(map, st.st_size);
+		return -EXDEV;
+	}
+	q = calloc(1, sizeof(*q));
+	if (!q) {
+		munmap(map, st.st_size);
+		return -ENOMEM;
+	}
+	atomic_init(&q->refs, 1);
+	q->ctx = ctx_get(ctx);
+	q->hdr = hdr;
+	q->slots = (unsigned char *)map + hdr_size();
+	q->map_size = st.st_size;
+	q->capacity = hdr->capacity;
+	q->slot_size = hdr->slot_size;
+	q->max_msg = hdr->max_msg;
+	q->fd = fd;
+	q->gfd = gfd;
+	q->sfd[0] = sfd[0];
+	q->sfd[1] = sfd[1];
+	q->wait = TSHM_WAIT_ADAPTIVE;
+	q->spin_us = QUEUE_SPIN_US;
+	*out = q;
+	return 0;
+}
+
+TSHM_EXPORT
+int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
+		      struct tshm_queue **out)
+{
+	int fd = -1, gfd = -1, sfd[2] = { -1, -1 }, sndbuf = QUEUE_SNDBUF, ret;
+	pthread_mutexattr_t attr;
+	size_t slot_size, map_size;
+	struct qhdr *hdr;
+
+	if (!ctx || !out || capacity < 1 || capacity > QUEUE_MAX_CAPACITY ||
+	    max_msg > QUEUE_MAX_MSG)
+		return -EINVAL;
+	slot_size = slot_size_for(max_msg);
+	if ((size_t)capacity * slot_size > QUEUE_MAX_RING)
+		return -E2BIG;
+	map_size = ALIGN_UP(hdr_size() + capacity * slot_size, ctx->page_size);
+
+	fd = memfd_create("tshm-queue", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, map_size) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL))
+		goto fail_errno;
+	hdr = mmap(NULL, map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (hdr == MAP_FAILED)
+		goto fail_errno;
+	hdr->magic = QUEUE_MAGIC;
+	hdr->version = QUEUE_VERSION;
+	hdr->backend = ctx->backend;
+	hdr->capacity = capacity;
+	hdr->slot_size = slot_size;
+	hdr->max_segs = TSHM_QUEUE_MAX_SEGS;
+	hdr->max_msg = max_msg;
+	hdr->map_size = map_size;
+	pthread_mutexattr_init(&attr);
+	pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+	pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+	ret = -pthread_mutex_init(&hdr->lock, &attr);
+	pthread_mutexattr_destroy(&attr);
+	munmap(hdr, map_size);
+	if (ret < 0)
+		goto fail;
+
+	if (ctx->backend == TSHM_BACKEND_KMOD) {
+		/* In-flight grants belong to a context of the queue's own. */
+		gfd = kmod_open();
+		if (gfd < 0) {
+			ret = gfd;
+			goto fail;
+		}
+	} else {
+		if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sfd))
+			goto fail_errno;
+		/* Best effort: wmem_max caps it for unprivileged callers. */
+		setsockopt(sfd[0], SOL_SOCKET, SO_SNDBUF, &sndbuf,
+			   sizeof(sndbuf));
+		shutdown(sfd[0], SHUT_RD);
+		shutdown(sfd[1], SHUT_WR);
+	}
+	ret = q_attach(ctx, fd, gfd, sfd, out);
+	if (ret < 0)
+		goto fail;
+	return 0;
+fail_errno:
+	ret = -errno;
+fail:
+	q_close_fds(fd, gfd, sfd);
+	return ret;
+}
+
+TSHM_EXPORT
+struct tshm_queue *tshm_queue_ref(struct tshm_queue *q)
+{
+	atomic_fetch_add_explicit(&q->refs, 1, memory_order_relaxed);
+	return q;
+}
+
+TSHM_EXPORT
+void tshm_queue_unref(struct tshm_queue *q)
+{
+	if (!q || atomic_fetch_sub_explicit(&q->refs, 1,
+					    memory_order_acq_rel) != 1)
+		return;
+	munmap(q->hdr, q->map_size);
+	q_close_fds(q->fd, q->gfd, q->sfd);
+	ctx_put(q->ctx);
+	free(q);
+}
+
+/* ---- handing a queue to another process ---- */
+
+#define QDESC_PREFIX	"tshm-queue:1:"
+
+/* Async-signal-safe: no stdio, no allocation. */
+static char *put_str(char *p, char *end, const char *s)
+{
+	while (*s && p < end)
+		*p++ = *s++;
+	return p;
+}
+
+static char *put_uint(char *p, char *end, unsigned v)
+{
+	char tmp[12];
+	int n = 0;
+
+	do {
+		tmp[n++] = '0' + v % 10;
+		v /= 10;
+	} while (v);
+	while (n && p < end)
+		*p++ = tmp[--n];
+	return p;
+}
+
+TSHM_EXPORT
+int tshm_queue_export(struct tshm_queue *q, char *buf, size_t len)
+{
+	int fds[3], nfds, i;
+	char *p, *end;
+
+	if (!q || !buf || len < 2)
+		return -EINVAL;
+	fds[0] = q->fd;
+	if (q->ctx->backend == TSHM_BACKEND_KMOD) {
+		fds[1] = q->gfd;
+		nfds = 2;
+	} else {
+		fds[1] = q->sfd[0];
+		fds[2] = q->sfd[1];
+		nfds = 3;
+	}
+	p = buf;
+	end = buf + len - 1;
+	p = put_str(p, end, QDESC_PREFIX);
+	p = put_str(p, end, tshm_ctx_backend(q->ctx));
+	p = put_str(p, end, ":");
+	for (i = 0; i < nfds; i++) {
+		if (i)
+			p = put_str(p, end, ",");
+		p = put_uint(p, end, fds[i]);
+	}
+	if (p >= end)
+		return -ENOSPC;
+	*p = '\0';
+	for (i = 0; i < nfds; i++)
+		if (fcntl(fds[i], F_SETFD, 0) < 0)
+			return -errno;
+	return 0;
+}
+
+static int parse_fds(const char *s, int *fds, int max)
+{
+	int n = 0;
+	char *end;
+	long v;
+
+	for (;;) {
+		if (n == max)
+			return -EINVAL;
+		v = strtol(s, &end, 10);
+		if (end == s || v < 0 || v > 1 << 30)
+			return -EINVAL;
+		fds[n++] = v;
+		if (*end == '\0')
+			return n;
+		if (*end != ',')
+			return -EINVAL;
+		s = end + 1;
+	}
+}
+
+static int q_adopt_fds_checked(struct tshm_ctx *ctx, int *fds, int nfds,
+			       struct tshm_queue **out)
+{
+	int none[2] = { -1, -1 }, i, ret;
+
+	for (i = 0; i < nfds; i++)
+		if (fcntl(fds[i], F_GETFD) < 0)
+			return -EBADF;
+	if (ctx->backend == TSHM_BACKEND_KMOD) {
+		if (nfds != 2)
+			return -EBADMSG;
+		ret = kmod_is_ctx_fd(fds[1]);
+		if (ret <= 0)
+			return ret < 0 ? ret : -EBADMSG;
+		ret = q_attach(ctx, fds[0], fds[1], none, out);
+	} else {
+		if (nfds != 3)
+			return -EBADMSG;
+		ret = q_attach(ctx, fds[0], -1, fds + 1, out);
+	}
+	if (ret < 0)
+		return ret;
+	for (i = 0; i < nfds; i++)
+		fcntl(fds[i], F_SETFD, FD_CLOEXEC);
+	return 0;
+}
+
+TSHM_EXPORT
+int tshm_queue_import(struct tshm_ctx *ctx, const char *desc,
+		      struct tshm_queue **out)
+{
+	const char *p;
+	size_t blen;
+	int fds[3], nfds;
+
+	if (!ctx || !desc || !out)
+		return -EINVAL;
+	if (strncmp(desc, QDESC_PREFIX, strlen(QDESC_PREFIX)))
+		return -EINVAL;
+	p = desc + strlen(QDESC_PREFIX);
+	blen = strcspn(p, ":");
+	if (p[blen] != ':')
+		return -EINVAL;
+	if (strlen(tshm_ctx_backend(ctx)) != blen ||
+	    strncmp(p, tshm_ctx_backend(ctx), blen)) {
+		if ((blen == 4 && !strncmp(p, "kmod", 4)) ||
+		    (blen == 5 && !strncmp(p, "memfd", 5)))
+			return -EXDEV;
+		return -EINVAL;
+	}
+	nfds = parse_fds(p + blen + 1, fds, 3);
+	if (nfds < 0)
+		return nfds;
+	return q_adopt_fds_checked(ctx, fds, nfds, out);
+}
+
+#define QWIRE_MAGIC	0x46515354U	/* "TSQF" */
+
+TSHM_EXPORT
+int tshm_queue_send_fd(struct tshm_queue *q, int sock)
+{
+	uint32_t w[2];
+	int fds[3];
+
+	if (!q || sock < 0)
+		return -EINVAL;
+	w[0] = QWIRE_MAGIC;
+	w[1] = q->ctx->backend;
+	fds[0] = q->fd;
+	if (q->ctx->backend == TSHM_BACKEND_KMOD) {
+		fds[1] = q->gfd;
+		return fd_send(sock, w, sizeof(w), fds, 2, 0);
+	}
+	fds[1] = q->sfd[0];
+	fds[2] = q->sfd[1];
+	return fd_send(sock, w, sizeof(w), fds, 3, 0);
+}
+
+TSHM_EXPORT
+int tshm_queue_recv_fd(struct tshm_ctx *ctx, int sock, struct tshm_queue **out)
+{
+	unsigned nfds = 3, i;
+	uint32_t w[2];
+	int fds[3], ret;
+	ssize_t n;
+
+	if (!ctx || sock < 0 || !out)
+		return -EINVAL;
+	n = fd_recv(sock, w, sizeof(w), fds, &nfds, 0);
+	if (n < 0)
+		return n;
+	if (n == 0 && nfds == 0)
+		return -EPIPE;
+	if (n != sizeof(w) || w[0] != QWIRE_MAGIC)
+		ret = -EBADMSG;
+	else if (w[1] != (uint32_t)ctx->backend)
+		ret = -EXDEV;
+	else
+		ret = q_adopt_fds_checked(ctx, fds, nfds, out);
+	if (ret < 0)
+		for (i = 0; i < nfds; i++)
+			close(fds[i]);
+	return ret;
+}

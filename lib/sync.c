@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later
+/*
+ * sync.c - events and barriers on futex words, process-shared when they
+ * sit in shared memory.
+ */
+#include <errno.h>
+
+#include "tshm-private.h"
+
+#define EVENT_MAGIC	0x56455354U	/* "TSEV" */
+#define BARRIER_MAGIC	0x52425354U	/* "TSBR" */
+#define SYNC_SPINS	2000
+
+enum { EV_UNSET = 0, EV_SET = 1, EV_UNSET_WAITERS = 2 };
+
+struct event {
+	_Atomic uint32_t word;
+	uint32_t magic;
+	uint32_t __pad[2];
+};
+
+/* word: generation << 16 | members arrived in this generation */
+struct barrier {
+	_Atomic uint32_t word;
+	uint32_t count;
+	uint32_t magic;
+	uint32_t __pad;
+};
+
+_Static_assert(sizeof(struct event) == sizeof(struct tshm_event),
+	       "struct tshm_event size");
+_Static_assert(sizeof(struct barrier) == sizeof(struct tshm_barrier),
+	       "struct tshm_barrier size");
+
+static struct event *to_event(struct tshm_event *ev)
+{
+	struct event *e = (struct event *)ev;
+
+	return e && e->magic == EVENT_MAGIC ? e : NULL;
+}
+
+TSHM_EXPORT
+int tshm_event_init(struct tshm_event *ev)
+{
+	struct event *e = (struct event *)ev;
+
+	if (!e)
+		return -EINVAL;
+	atomic_store(&e->word, EV_UNSET);
+	e->__pad[0] = e->__pad[1] = 0;
+	atomic_thread_fence(memory_order_release);
+	e->magic = EVENT_MAGIC;
+	return 0;
+}
+
+TSHM_EXPORT
+int tshm_event_set(struct tshm_event *ev)
+{
+	struct event *e = to_event(ev);
+
+	if (!e)
+		return -EINVAL;
+	if (atomic_exchange(&e->word, EV_SET) == EV_UNSET_WAITERS)
+		futex_wake_all(&e->word);
+	return 0;
+}
+
+TSHM_EXPORT
+int tshm_event_reset(struct tshm_event *ev)
+{
+	struct event *e = to_event(ev);
+	uint32_t set = EV_SET;
+
+	if (!e)
+		return -EINVAL;
+	atomic_compare_exchange_strong(&e->word, &set, EV_UNSET);
+	return 0;
+}
+
+TSHM_EXPORT
+int tshm_event_is_set(struct tshm_event *ev)
+{
+	struct event *e = to_event(ev);
+
+	if (!e)
+		return -EINVAL;
+	return atomic_load(&e->word) == EV_SET;
+}
+
+TSHM_EXPORT
+int tshm_event_wait(struct tshm_event *ev, int timeout_ms)
+{
+	struct event *e = to_event(ev);
+	struct deadline dl;
+	uint32_t w;
+	int i;
+
+	if (!e)
+		return -EINVAL;
+	for (i = 0; i < SYNC_SPINS; i++) {
+		if (atomic_load_explicit(&e->word, memory_order_acquire) ==
+		    EV_SET)
+			return 0;
+		cpu_relax();
+	}
+	deadline_init(&dl, timeout_ms);
+	for (;;) {
+		w = atomic_load(&e->word);
+		if (w == EV_SET)
+			return 0;
+		if (dl.nowait)
+			return -EAGAIN;
+		if (w == EV_UNSET &&
+		    !atomic_compare_exchange_strong(&e->word, &w,
+						    EV_UNSET_WAITERS))
+			continue;
+		if (futex_wait_until(&e->word, EV_UNSET_WAITERS, &dl) ==
+		    -ETIMEDOUT && atomic_load(&e->word) != EV_SET)
+			return -ETIMEDOUT;
+	}
+}
+
+TSHM_EXPORT
+int tshm_barrier_init(struct tshm_barrier *b, unsigned count)
+{
+	struct barrier *br = (struct barrier *)b;
+
+	if (!br || count < 1 || count > 0xffff)
+		return -EINVAL;
+	atomic_store(&br->word, 0);
+	br->count = count;
+	br->__pad = 0;
+	atomic_thread_fence(memory_order_release);
+	br->magic = BARRIER_MAGIC;
+	return 0;
+}
+
+TSHM_EXPORT
+int tshm_barrier_wait(struct tshm_barrier *b, int timeout_ms)
+{
+	struct barrier *br = (struct barrier *)b;
+	struct deadline dl;
+	uint32_t w, gen, count;
+	int i;
+
+	if (!br || br->magic != BARRIER_MAGIC)
+		return -EINVAL;
+	count = br->count;
+	if (count < 1 || count > 0xffff)
+		return -EINVAL;
+	w = atomic_fetch_add(&br->word, 1);
+	gen = w >> 16;
+	if ((w & 0xffff) + 1 >= count) {
+		/* Last in: open the next generation and wake the rest. */
+		atomic_store(&br->word, ((gen + 1) & 0xffff) << 16);
+		futex_wake_all(&br->word);
+		return 1;
+	}
+	for (i = 0; i < SYNC_SPINS; i++) {
+		if ((atomic_load_explicit(&br->word, memory_order_acquire) >>
+		     16) != gen)
+			return 0;
+		cpu_relax();
+	}
+	deadline_init(&dl, timeout_ms);
+	for (;;) {
+		w = atomic_load(&br->word);
+		if ((w >> 16) != gen)
+			return 0;
+		if (dl.nowait || futex_wait_until(&br->word, w, &dl) ==
+		    -ETIMEDOUT) {
+			/* Withdraw, unless the generation completed. */
+			w = atomic_load(&br->word);
+			while ((w >> 16) == gen) {
+				if (atomic_compare_exchange_weak(&br->word, &w,
+								 w - 1))
+					return deadline_err(&dl);
+			}
+			return 0;
+		}
+	}
+}

@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * libtshm internals shared between the lib/ sources.  Nothing here is ABI.
+ */
+#ifndef _TSHM_PRIVATE_H
+#define _TSHM_PRIVATE_H
+
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "tshm.h"
+
+#define TSHM_EXPORT	__attribute__((visibility("default")))
+#define likely(x)	__builtin_expect(!!(x), 1)
+#define unlikely(x)	__builtin_expect(!!(x), 0)
+#define ARRAY_SIZE(a)	(sizeof(a) / sizeof((a)[0]))
+#define ALIGN_UP(x, a)	(((x) + (a) - 1) & ~((__typeof__(x))(a) - 1))
+
+enum tshm_backend {
+	TSHM_BACKEND_KMOD = 1,
+	TSHM_BACKEND_MEMFD = 2,
+};
+
+/* ---- context ---- */
+
+#define TSHM_CACHE_BUCKETS	256
+
+struct tshm_ctx {
+	atomic_int refs;
+	enum tshm_backend backend;
+	int fd;				/* /dev/tshm open, or the marker memfd */
+	size_t page_size;
+	pthread_mutex_t lock;		/* protects the cache and seg drop state */
+	struct tshm_seg *cache[TSHM_CACHE_BUCKETS];
+	/*
+	 * Fork detection without a system call: @mark is a MADV_WIPEONFORK
+	 * page, so it reads zero in a child, which then takes a new
+	 * generation.  Segment objects inherited across fork() belong to the
+	 * parent's generation: in the child they share the parent's open file
+	 * (the same holder) and must not satisfy cache lookups.
+	 */
+	_Atomic uint64_t *mark;
+	uint64_t gen_base;
+	/* Segments with grants to give back (seg->drop_next chain). */
+	struct tshm_seg *drops;
+};
+
+uint64_t ctx_gen(struct tshm_ctx *ctx);
+
+struct tshm_ctx *ctx_get(struct tshm_ctx *ctx);
+void ctx_put(struct tshm_ctx *ctx);
+
+/* ---- segments ---- */
+
+struct tshm_seg {
+	atomic_int refs;
+	struct tshm_ctx *ctx;
+	struct tshm_seg *hnext;		/* cache bucket chain, under ctx->lock */
+	uint64_t id;
+	uint64_t gen;			/* ctx_gen() when this process made it */
+	void *data;
+	size_t size;
+	int fd;
+	bool creator;
+	char name[TSHM_SEG_NAME_MAX + 1];
+
+	/*
+	 * Module: grants that reached this process for a segment it already
+	 * held (cache hits), not consumed by an ATTACH, given back with one
+	 * DROP on @drop_q's context (or the ctx's when NULL) when the count
+	 * gets large or the segment is released.  Under ctx->lock.
+	 */
+	struct tshm_queue *drop_q;
+	uint32_t drop_count;
+	struct tshm_seg *drop_next;
+
+	/*
+	 * Fallback: the lease.  @lease is the peer end this process holds and
+	 * passes along with the memfd (refcounted so that a send in flight
+	 * keeps the fd open while another thread drops it).  The creator also
+	 * keeps the local ends of every lease it handed out, in @lease_ends;
+	 * each hangs up when every copy of its peer is closed.  Under
+	 * @lease_lock.
+	 */
+	pthread_mutex_t lease_lock;
+	struct tshm_lease *lease;
+	uint64_t lease_gen;
+	int *lease_ends;
+	unsigned nlease_ends;
+	bool name_known;
+
+	/* Pool membership: tell the pool when only its reference is left. */
+	struct tshm_pool *_Atomic pool;
+};
+
+/* Insert/lookup in ctx's cache.  lookup returns a new reference or NULL. */
+struct tshm_seg *seg_cache_lookup_locked(struct tshm_ctx *ctx, uint64_t id);
+void seg_cache_insert_locked(struct tshm_ctx *ctx, struct tshm_seg *seg);
+
+/*
+ * Build a segment around @fd (ownership passes in) of @size bytes with @id,
+ * or return the cached one (then @fd is closed).  *@hit says which.
+ */
+int seg_adopt(struct tshm_ctx *ctx, int fd, uint64_t id, size_t size,
+	      struct tshm_seg **out, bool *hit);
+/* Record a grant not consumed because the segment was cached. */
+void seg_note_unconsumed_grant(struct tshm_seg *seg, struct tshm_queue *q);
+void seg_flush_drops(struct tshm_seg *seg);
+/* Give back every grant this context batched (a receiver about to idle). */
+void ctx_flush_drops(struct tshm_ctx *ctx);
+
+/* Fallback leases. */
+struct tshm_lease {
+	atomic_int refs;
+	int fd;
+	uint64_t gen;
+};
+
+/* A reference on the lease to pass along with @seg (created on demand). */
+int seg_lease_get(struct tshm_seg *seg, struct tshm_lease **out);
+void lease_put(struct tshm_lease *lease);
+/* A lease peer arrived with @seg; ownership of @peer passes in. */
+void seg_lease_received(struct tshm_seg *seg, int peer, uint64_t gen);
+/* 1: every lease hung up (sole holder); 0: not yet; <0 error. */
+int seg_lease_check(struct tshm_seg *seg, bool close_peer);
+
+/* 1 when only this process holds @seg now, 0 when not, <0 on error. */
+int seg_released_now(struct tshm_seg *seg);
+/* The fds poll() would report the release on, for pools. */
+int seg_release_pollfds(struct tshm_seg *seg, struct pollfd *pfd, unsigned n);
+
+void pool_notify(struct tshm_pool *pool);
+
+/* ---- queues ---- */
+
+/* The module context that holds a queue's in-flight grants. */
+int queue_grant_fd(const struct tshm_queue *q);
+
+/* ---- backends ---- */
+
+int kmod_open(void);
+int kmod_is_ctx_fd(int fd);
+int kmod_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
+		    unsigned flags, int *fd, uint64_t *id, size_t *mapsize);
+int kmod_grant(int seg_fd, int ctx_fd, int count);
+int kmod_attach(int ctx_fd, uint64_t id, int *fd, size_t *size);
+int kmod_drop(int ctx_fd, uint64_t id, int count);
+int kmod_info_name(int seg_fd, char *name, size_t len);
+int kmod_seg_info(int seg_fd, uint64_t *id, size_t *size);
+
+int memfd_ctx_open(void);
+int memfd_is_ctx_fd(int fd);
+int memfd_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
+		     unsigned flags, int *fd, uint64_t *id, size_t *mapsize);
+int memfd_seg_id(int fd, uint64_t *id, size_t *size);
+
+/* ---- fd passing ---- */
+
+int fd_send(int sock, const void *buf, size_t len, const int *fds,
+	    unsigned nfds, int flags);
+/*
+ * Receive one message and its fds.  *@nfds: in, room; out, received (fds
+ * beyond the room are closed, giving -EBADMSG).  Returns bytes or -errno.
+ */
+ssize_t fd_recv(int sock, void *buf, size_t len, int *fds, unsigned *nfds,
+		int flags);
+
+/* ---- time and futexes ---- */
+
+struct deadline {
+	int64_t ns;	/* CLOCK_MONOTONIC, or INT64_MAX for ever */
+	bool nowait;
+};
+
+int64_t now_ns(void);
+void deadline_init(struct deadline *dl, int timeout_ms);
+/* Milliseconds left for poll(): -1 for ever, 0 expired. */
+int deadline_poll_ms(const struct deadline *dl);
+bool deadline_expired(const struct deadline *dl);
+/* -EAGAIN for a zero timeout, -ETIMEDOUT otherwise. */
+int deadline_err(const struct deadline *dl);
+
+/* 0 woken or value changed, -ETIMEDOUT. */
+int futex_wait_until(_Atomic uint32_t *word, uint32_t val,
+		     const struct deadline *dl);
+void futex_wake_all(_Atomic uint32_t *word);
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#else
+	__asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+#endif /* _TSHM_PRIVATE_H */

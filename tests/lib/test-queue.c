@@ -1,0 +1,632 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Queues: errors, bytes and segments, close and drain, fork, exec and
+ * socket hand-over, many producers and consumers, corrupted rings.
+ */
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "tshm-test.h"
+
+struct msg {
+	uint32_t producer;
+	uint32_t seq;
+	uint64_t sum;		/* of the segment's contents */
+	uint64_t self_sum;	/* of the fields above */
+};
+
+static uint64_t msg_sum(const struct msg *m)
+{
+	return fnv1a(m, offsetof(struct msg, self_sum));
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+FIXTURE(q) {
+	struct tshm_ctx *ctx;
+	struct tshm_queue *q;
+	int fds_before;
+};
+
+FIXTURE_SETUP(q)
+{
+	self->fds_before = count_fds();
+	ASSERT_EQ(0, tshm_ctx_open(&self->ctx, 0));
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, 8, 256, &self->q));
+}
+
+FIXTURE_TEARDOWN(q)
+{
+	tshm_queue_unref(self->q);
+	tshm_ctx_close(self->ctx);
+	EXPECT_EQ(self->fds_before, count_fds());
+	EXPECT_EQ(0, count_seg_memfds());
+}
+
+TEST_F(q, create_errors)
+{
+	struct tshm_queue *q;
+
+	EXPECT_EQ(-EINVAL, tshm_queue_create(NULL, 8, 64, &q));
+	EXPECT_EQ(-EINVAL, tshm_queue_create(self->ctx, 0, 64, &q));
+	EXPECT_EQ(-EINVAL, tshm_queue_create(self->ctx, 65537, 64, &q));
+	EXPECT_EQ(-EINVAL, tshm_queue_create(self->ctx, 8, 1UL << 40, &q));
+	EXPECT_EQ(-EINVAL, tshm_queue_create(self->ctx, 8, 64, NULL));
+	EXPECT_EQ(-E2BIG, tshm_queue_create(self->ctx, 65536, 16 << 20, &q));
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, 1, 0, &q));
+	EXPECT_EQ(1, tshm_queue_capacity(q));
+	EXPECT_EQ(0, tshm_queue_max_msg(q));
+	EXPECT_EQ(q, tshm_queue_ref(q));
+	tshm_queue_unref(q);
+	tshm_queue_unref(q);
+	tshm_queue_unref(NULL);
+}
+
+TEST_F(q, bytes)
+{
+	char buf[512], big[300];
+	size_t len;
+	unsigned i, n;
+	int64_t t0;
+
+	EXPECT_EQ(8, tshm_queue_capacity(self->q));
+	EXPECT_EQ(256, tshm_queue_max_msg(self->q));
+	EXPECT_EQ(-EINVAL, tshm_queue_send(NULL, "x", 1, NULL, 0, 0));
+	EXPECT_EQ(-EINVAL, tshm_queue_send(self->q, NULL, 1, NULL, 0, 0));
+	EXPECT_EQ(-EMSGSIZE, tshm_queue_send(self->q, big, sizeof(big), NULL,
+					     0, 0));
+	EXPECT_EQ(-EAGAIN, tshm_queue_recv(self->q, buf, sizeof(buf), &len,
+					   NULL, NULL, 0));
+	t0 = mono_ms();
+	EXPECT_EQ(-ETIMEDOUT, tshm_queue_recv(self->q, buf, sizeof(buf), &len,
+					      NULL, NULL, 50));
+	EXPECT_LE(45, mono_ms() - t0);
+
+	for (i = 0; i < 8; i++) {
+		snprintf(buf, sizeof(buf), "message %u", i);
+		ASSERT_EQ(0, tshm_queue_send(self->q, buf, strlen(buf) + 1,
+					     NULL, 0, 0));
+	}
+	EXPECT_EQ(8, tshm_queue_len(self->q));
+	EXPECT_EQ(-EAGAIN, tshm_queue_send(self->q, "x", 1, NULL, 0, 0));
+	EXPECT_EQ(-ETIMEDOUT, tshm_queue_send(self->q, "x", 1, NULL, 0, 20));
+
+	/* Too small a buffer: the message stays, the length is reported. */
+	EXPECT_EQ(-EMSGSIZE, tshm_queue_recv(self->q, buf, 3, &len, NULL,
+					     NULL, 0));
+	EXPECT_EQ(10, len);
+	for (i = 0; i < 8; i++) {
+		char want[32];
+
+		n = 0;
+		ASSERT_EQ(0, tshm_queue_recv(self->q, buf, sizeof(buf), &len,
+					     NULL, &n, -1));
+		snprintf(want, sizeof(want), "message %u", i);
+		EXPECT_STREQ(want, buf);
+		EXPECT_EQ(strlen(want) + 1, len);
+		EXPECT_EQ(0, n);
+	}
+	/* Empty messages are messages. */
+	ASSERT_EQ(0, tshm_queue_send(self->q, NULL, 0, NULL, 0, 0));
+	ASSERT_EQ(0, tshm_queue_recv(self->q, NULL, 0, &len, NULL, NULL, 0));
+	EXPECT_EQ(0, len);
+}
+
+TEST_F(q, wait_policies)
+{
+	char buf[8];
+	size_t len;
+
+	EXPECT_EQ(-EINVAL, tshm_queue_set_wait(self->q, 7, 0));
+	EXPECT_EQ(-EINVAL, tshm_queue_set_wait(NULL, TSHM_WAIT_SPIN, 0));
+	EXPECT_STREQ("adaptive", tshm_wait_name(TSHM_WAIT_ADAPTIVE));
+	EXPECT_STREQ("futex", tshm_wait_name(TSHM_WAIT_FUTEX));
+	EXPECT_STREQ("spin", tshm_wait_name(TSHM_WAIT_SPIN));
+	for (int p = 0; p <= TSHM_WAIT_SPIN; p++) {
+		ASSERT_EQ(0, tshm_queue_set_wait(self->q, p, 10));
+		EXPECT_EQ(-ETIMEDOUT, tshm_queue_recv(self->q, buf, 8, &len,
+						      NULL, NULL, 10));
+		ASSERT_EQ(0, tshm_queue_send(self->q, "ab", 2, NULL, 0, -1));
+		ASSERT_EQ(0, tshm_queue_recv(self->q, buf, 8, &len, NULL, NULL,
+					     -1));
+	}
+}
+
+TEST_F(q, segments_same_process)
+{
+	struct tshm_seg *seg, *seg2, *got[TSHM_QUEUE_MAX_SEGS + 1];
+	struct tshm_seg *many[TSHM_QUEUE_MAX_SEGS + 1];
+	unsigned n, i;
+	size_t len;
+	char buf[16];
+
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 65536, "same", 0, &seg));
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "same2", 0, &seg2));
+	fill_pattern(tshm_seg_data(seg), 65536, 3);
+	for (i = 0; i <= TSHM_QUEUE_MAX_SEGS; i++)
+		many[i] = seg;
+	EXPECT_EQ(-E2BIG, tshm_queue_send(self->q, "x", 1, many,
+					  TSHM_QUEUE_MAX_SEGS + 1, 0));
+	EXPECT_EQ(-EINVAL, tshm_queue_send(self->q, "x", 1, NULL, 1, 0));
+
+	/* Send, receive in the same process: the very same object. */
+	struct tshm_seg *two[2] = { seg, seg2 };
+
+	ASSERT_EQ(0, tshm_queue_send(self->q, "hi", 3, two, 2, 0));
+	n = 1;
+	EXPECT_EQ(-ENOBUFS, tshm_queue_recv(self->q, buf, sizeof(buf), &len,
+					    got, &n, 0));
+	EXPECT_EQ(2, n);
+	n = 2;
+	ASSERT_EQ(0, tshm_queue_recv(self->q, buf, sizeof(buf), &len, got, &n,
+				     0));
+	EXPECT_EQ(2, n);
+	EXPECT_EQ(seg, got[0]);
+	EXPECT_EQ(seg2, got[1]);
+
+	/* Send on what was received, the same segment many times. */
+	ASSERT_EQ(0, tshm_queue_send(self->q, NULL, 0, many,
+				     TSHM_QUEUE_MAX_SEGS, 0));
+	tshm_seg_unref(got[0]);
+	tshm_seg_unref(got[1]);
+	n = TSHM_QUEUE_MAX_SEGS;
+	ASSERT_EQ(0, tshm_queue_recv(self->q, NULL, 0, &len, got, &n, 0));
+	ASSERT_EQ(TSHM_QUEUE_MAX_SEGS, n);
+	for (i = 0; i < n; i++) {
+		EXPECT_EQ(seg, got[i]);
+		tshm_seg_unref(got[i]);
+	}
+	EXPECT_EQ(0, tshm_seg_wait_released(seg, 5000));
+	tshm_seg_unref(seg2);
+	tshm_seg_unref(seg);
+}
+
+TEST_F(q, other_backend)
+{
+	struct tshm_ctx *other;
+	struct tshm_seg *seg;
+
+	if (!is_kmod(self->ctx))
+		SKIP(return, "needs the module for a second backend");
+	ASSERT_EQ(0, tshm_ctx_open(&other, TSHM_CTX_MEMFD));
+	ASSERT_EQ(0, tshm_seg_create(other, 4096, "x", 0, &seg));
+	EXPECT_EQ(-EXDEV, tshm_queue_send(self->q, "x", 1, &seg, 1, 0));
+	tshm_seg_unref(seg);
+	tshm_ctx_close(other);
+}
+
+TEST_F(q, close_drain)
+{
+	char buf[8];
+	size_t len;
+	pid_t pid;
+	int i;
+
+	for (i = 0; i < 5; i++)
+		ASSERT_EQ(0, tshm_queue_send(self->q, &i, sizeof(i), NULL, 0,
+					     0));
+	ASSERT_EQ(0, tshm_queue_close(self->q));
+	EXPECT_EQ(0, tshm_queue_close(self->q));
+	EXPECT_EQ(-EINVAL, tshm_queue_close(NULL));
+	EXPECT_EQ(-EPIPE, tshm_queue_send(self->q, "x", 1, NULL, 0, -1));
+	for (i = 0; i < 5; i++) {
+		int v;
+
+		ASSERT_EQ(0, tshm_queue_recv(self->q, &v, sizeof(v), &len,
+					     NULL, NULL, -1));
+		EXPECT_EQ(i, v);
+	}
+	EXPECT_EQ(-EPIPE, tshm_queue_recv(self->q, buf, 8, &len, NULL, NULL,
+					  -1));
+
+	/* A receiver asleep in another process is woken by close. */
+	struct tshm_queue *q2;
+
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, 4, 8, &q2));
+	tshm_queue_set_wait(q2, TSHM_WAIT_FUTEX, 0);
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0)
+		_exit(tshm_queue_recv(q2, buf, 8, &len, NULL, NULL, 10000) ==
+		      -EPIPE ? 0 : 1);
+	usleep(100000);
+	ASSERT_EQ(0, tshm_queue_close(q2));
+	EXPECT_EQ(0, wait_ok(pid));
+	tshm_queue_unref(q2);
+}
+
+/* Receive @count messages with one segment each and check them. */
+static int consume_checked(struct tshm_queue *q, unsigned count,
+			   struct tshm_queue *reply, struct tshm_ctx *ctx)
+{
+	struct tshm_seg *seg;
+	struct msg m;
+	unsigned i, n;
+	size_t len;
+
+	for (i = 0; i < count; i++) {
+		n = 1;
+		if (tshm_queue_recv(q, &m, sizeof(m), &len, &seg, &n, 20000))
+			return 20;
+		if (len != sizeof(m) || n != 1 || m.self_sum != msg_sum(&m) ||
+		    m.seq != i)
+			return 21;
+		if (fnv1a(tshm_seg_data(seg), tshm_seg_size(seg)) != m.sum)
+			return 22;
+		tshm_seg_unref(seg);
+	}
+	if (reply) {
+		/* And the other way: a segment of the receiver's own. */
+		if (tshm_seg_create(ctx, 12345, "reply", 0, &seg))
+			return 23;
+		fill_pattern(tshm_seg_data(seg), tshm_seg_size(seg), 99);
+		m.sum = fnv1a(tshm_seg_data(seg), tshm_seg_size(seg));
+		m.seq = 0;
+		m.self_sum = msg_sum(&m);
+		if (tshm_queue_send(reply, &m, sizeof(m), &seg, 1, 20000))
+			return 24;
+		tshm_seg_unref(seg);
+	}
+	return 0;
+}
+
+static void produce(struct __test_metadata *_metadata, struct tshm_ctx *ctx,
+		    struct tshm_queue *q, unsigned count, uint32_t producer)
+{
+	struct tshm_seg *seg;
+	struct msg m = { .producer = producer };
+	unsigned i;
+
+	for (i = 0; i < count; i++) {
+		ASSERT_EQ(0, tshm_seg_create(ctx, 4096 * (1 + i % 5), "prod",
+					     0, &seg));
+		fill_pattern(tshm_seg_data(seg), tshm_seg_size(seg), i);
+		m.seq = i;
+		m.sum = fnv1a(tshm_seg_data(seg), tshm_seg_size(seg));
+		m.self_sum = msg_sum(&m);
+		ASSERT_EQ(0, tshm_queue_send(q, &m, sizeof(m), &seg, 1, 20000));
+		tshm_seg_unref(seg);
+	}
+}
+
+static void check_reply(struct __test_metadata *_metadata,
+			struct tshm_queue *reply)
+{
+	struct tshm_seg *seg;
+	struct msg m;
+	unsigned n = 1;
+	size_t len;
+
+	ASSERT_EQ(0, tshm_queue_recv(reply, &m, sizeof(m), &len, &seg, &n,
+				     20000));
+	ASSERT_EQ(1, n);
+	EXPECT_EQ(m.sum, fnv1a(tshm_seg_data(seg), tshm_seg_size(seg)));
+	EXPECT_EQ(12345, tshm_seg_size(seg) < 12345 ? 0 : 12345);
+	tshm_seg_unref(seg);
+}
+
+TEST_F(q, across_fork)
+{
+	struct tshm_queue *reply;
+	pid_t pid;
+
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, 4, 64, &reply));
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0)
+		_exit(consume_checked(self->q, 200, reply, self->ctx));
+	produce(_metadata, self->ctx, self->q, 200, 0);
+	check_reply(_metadata, reply);
+	EXPECT_EQ(0, wait_ok(pid));
+	tshm_queue_unref(reply);
+}
+
+/* argv: --child queue <desc> <reply-desc>   |   --child sock <fd> */
+static int child_main(int argc, char **argv)
+{
+	struct tshm_queue *q, *reply = NULL;
+	struct tshm_ctx *ctx;
+	int ret;
+
+	if (argc < 4 || tshm_ctx_open(&ctx, 0))
+		return 30;
+	if (!strcmp(argv[2], "queue")) {
+		if (argc < 5 || tshm_queue_import(ctx, argv[3], &q) ||
+		    tshm_queue_import(ctx, argv[4], &reply))
+			return 31;
+	} else {
+		if (tshm_queue_recv_fd(ctx, atoi(argv[3]), &q) ||
+		    tshm_queue_recv_fd(ctx, atoi(argv[3]), &reply))
+			return 32;
+		close(atoi(argv[3]));
+	}
+	ret = consume_checked(q, 100, reply, ctx);
+	tshm_queue_unref(q);
+	tshm_queue_unref(reply);
+	tshm_ctx_close(ctx);
+	/* Nothing of ours may be left open behind the queue. */
+	if (!ret && count_seg_memfds())
+		ret = 33;
+	return ret;
+}
+
+TEST_F(q, across_exec)
+{
+	char desc[TSHM_QUEUE_DESC_MAX], rdesc[TSHM_QUEUE_DESC_MAX];
+	struct tshm_queue *reply;
+	pid_t pid;
+
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, 4, 64, &reply));
+	EXPECT_EQ(-ENOSPC, tshm_queue_export(self->q, desc, 8));
+	EXPECT_EQ(-EINVAL, tshm_queue_export(NULL, desc, sizeof(desc)));
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0) {
+		if (tshm_queue_export(self->q, desc, sizeof(desc)) ||
+		    tshm_queue_export(reply, rdesc, sizeof(rdesc)))
+			_exit(40);
+		execl("/proc/self/exe", "test-queue", "--child", "queue",
+		      desc, rdesc, (char *)NULL);
+		_exit(41);
+	}
+	produce(_metadata, self->ctx, self->q, 100, 0);
+	check_reply(_metadata, reply);
+	EXPECT_EQ(0, wait_ok(pid));
+	tshm_queue_unref(reply);
+}
+
+TEST_F(q, over_socket)
+{
+	struct tshm_queue *reply;
+	char fdstr[16];
+	int sv[2];
+	pid_t pid;
+
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, 4, 64, &reply));
+	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0) {
+		/* exec drops everything but the socket: an unrelated process */
+		snprintf(fdstr, sizeof(fdstr), "%d", sv[1]);
+		fcntl(sv[1], F_SETFD, 0);
+		execl("/proc/self/exe", "test-queue", "--child", "sock", fdstr,
+		      (char *)NULL);
+		_exit(41);
+	}
+	close(sv[1]);
+	ASSERT_EQ(0, tshm_queue_send_fd(self->q, sv[0]));
+	ASSERT_EQ(0, tshm_queue_send_fd(reply, sv[0]));
+	produce(_metadata, self->ctx, self->q, 100, 0);
+	check_reply(_metadata, reply);
+	EXPECT_EQ(0, wait_ok(pid));
+	close(sv[0]);
+	tshm_queue_unref(reply);
+}
+
+TEST_F(q, import_errors)
+{
+	struct tshm_queue *q;
+	struct tshm_ctx *other;
+	char desc[TSHM_QUEUE_DESC_MAX];
+	int fd, sv[2];
+
+	EXPECT_EQ(-EINVAL, tshm_queue_import(self->ctx, "garbage", &q));
+	EXPECT_EQ(-EINVAL, tshm_queue_import(self->ctx, "tshm-queue:1:xx:1",
+					     &q));
+	EXPECT_EQ(-EBADF, tshm_queue_import(self->ctx, is_kmod(self->ctx) ?
+					    "tshm-queue:1:kmod:900,901" :
+					    "tshm-queue:1:memfd:900,901,902",
+					    &q));
+	EXPECT_EQ(-EXDEV, tshm_queue_import(self->ctx, is_kmod(self->ctx) ?
+					    "tshm-queue:1:memfd:0,1,2" :
+					    "tshm-queue:1:kmod:0,1", &q));
+	/* A memfd that is not a queue: foreign. */
+	fd = memfd_create("foreign", MFD_CLOEXEC);
+	ASSERT_LE(0, fd);
+	ASSERT_EQ(0, ftruncate(fd, 1 << 16));
+	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
+	if (is_kmod(self->ctx))
+		snprintf(desc, sizeof(desc), "tshm-queue:1:kmod:%d,%d", fd,
+			 tshm_ctx_fd(self->ctx));
+	else
+		snprintf(desc, sizeof(desc), "tshm-queue:1:memfd:%d,%d,%d", fd,
+			 sv[0], sv[1]);
+	EXPECT_EQ(-EBADMSG, tshm_queue_import(self->ctx, desc, &q));
+	close(fd);
+	close(sv[0]);
+	close(sv[1]);
+
+	/* Over a socket: junk, and a queue of the other backend. */
+	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
+	ASSERT_EQ(4, write(sv[0], "junk", 4));
+	EXPECT_EQ(-EBADMSG, tshm_queue_recv_fd(self->ctx, sv[1], &q));
+	if (is_kmod(self->ctx)) {
+		struct tshm_queue *oq;
+
+		ASSERT_EQ(0, tshm_ctx_open(&other, TSHM_CTX_MEMFD));
+		ASSERT_EQ(0, tshm_queue_create(other, 2, 8, &oq));
+		ASSERT_EQ(0, tshm_queue_send_fd(oq, sv[0]));
+		EXPECT_EQ(-EXDEV, tshm_queue_recv_fd(self->ctx, sv[1], &q));
+		tshm_queue_unref(oq);
+		tshm_ctx_close(other);
+	}
+	close(sv[0]);
+	EXPECT_EQ(-EPIPE, tshm_queue_recv_fd(self->ctx, sv[1], &q));
+	close(sv[1]);
+}
+
+/* Many producers and consumers; every message exactly once, intact. */
+#define MP_PRODUCERS	4
+#define MP_CONSUMERS	4
+#define MP_PER_PRODUCER	1500
+
+TEST_F_TIMEOUT(q, many_producers_consumers, 300)
+{
+	_Atomic uint32_t *seen;
+	pid_t prod[MP_PRODUCERS], cons[MP_CONSUMERS];
+	struct tshm_seg *shared[4];
+	unsigned i, p, missing = 0, dup = 0;
+
+	seen = mmap(NULL, MP_PRODUCERS * MP_PER_PRODUCER * sizeof(*seen),
+		    PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	ASSERT_NE(MAP_FAILED, seen);
+	/* A few long-lived segments, sent over and over (the cache path). */
+	for (i = 0; i < 4; i++) {
+		ASSERT_EQ(0, tshm_seg_create(self->ctx, 1 << 16, "mp", 0,
+					     &shared[i]));
+		fill_pattern(tshm_seg_data(shared[i]), 1 << 16, i);
+	}
+	for (i = 0; i < MP_CONSUMERS; i++) {
+		cons[i] = fork();
+		ASSERT_LE(0, cons[i]);
+		if (cons[i])
+			continue;
+		for (;;) {
+			struct tshm_seg *segs[2];
+			struct msg m;
+			unsigned n = 2;
+			size_t len;
+			int ret;
+
+			ret = tshm_queue_recv(self->q, &m, sizeof(m), &len,
+					      segs, &n, 30000);
+			if (ret == -EPIPE)
+				_exit(0);
+			if (ret || len != sizeof(m) || n != 2 ||
+			    m.self_sum != msg_sum(&m) ||
+			    m.producer >= MP_PRODUCERS ||
+			    m.seq >= MP_PER_PRODUCER)
+				_exit(50);
+			if (fnv1a(tshm_seg_data(segs[0]),
+				  tshm_seg_size(segs[0])) != m.sum ||
+			    fnv1a(tshm_seg_data(segs[1]), 1 << 16) !=
+			    fnv1a(tshm_seg_data(shared[m.seq % 4]), 1 << 16))
+				_exit(51);
+			atomic_fetch_add(&seen[m.producer * MP_PER_PRODUCER +
+					      m.seq], 1);
+			tshm_seg_unref(segs[0]);
+			tshm_seg_unref(segs[1]);
+		}
+	}
+	for (p = 0; p < MP_PRODUCERS; p++) {
+		prod[p] = fork();
+		ASSERT_LE(0, prod[p]);
+		if (prod[p])
+			continue;
+		for (i = 0; i < MP_PER_PRODUCER; i++) {
+			struct tshm_seg *segs[2];
+			struct msg m = { .producer = p, .seq = i };
+
+			if (tshm_seg_create(self->ctx, 4096 * (1 + i % 3),
+					    "mp-fresh", 0, &segs[0]))
+				_exit(60);
+			fill_pattern(tshm_seg_data(segs[0]),
+				     tshm_seg_size(segs[0]), p * 100000 + i);
+			m.sum = fnv1a(tshm_seg_data(segs[0]),
+				      tshm_seg_size(segs[0]));
+			m.self_sum = msg_sum(&m);
+			segs[1] = shared[i % 4];
+			if (tshm_queue_send(self->q, &m, sizeof(m), segs, 2,
+					    30000))
+				_exit(61);
+			tshm_seg_unref(segs[0]);
+		}
+		_exit(0);
+	}
+	for (p = 0; p < MP_PRODUCERS; p++)
+		EXPECT_EQ(0, wait_ok(prod[p]));
+	ASSERT_EQ(0, tshm_queue_close(self->q));
+	for (i = 0; i < MP_CONSUMERS; i++)
+		EXPECT_EQ(0, wait_ok(cons[i]));
+	for (i = 0; i < MP_PRODUCERS * MP_PER_PRODUCER; i++) {
+		missing += seen[i] == 0;
+		dup += seen[i] > 1;
+	}
+	EXPECT_EQ(0, missing);
+	EXPECT_EQ(0, dup);
+	/* Every consumer let go of the shared segments. */
+	for (i = 0; i < 4; i++) {
+		EXPECT_EQ(0, tshm_seg_wait_released(shared[i], 10000));
+		tshm_seg_unref(shared[i]);
+	}
+	munmap(seen, MP_PRODUCERS * MP_PER_PRODUCER * sizeof(*seen));
+}
+
+/* Find the ring's memfd and map it, to scribble on it. */
+static void *map_ring(size_t *size)
+{
+	char path[64], link[128];
+	struct stat st;
+	void *p = NULL;
+	int fd;
+
+	for (fd = 3; fd < 1024 && !p; fd++) {
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		ssize_t n = readlink(path, link, sizeof(link) - 1);
+
+		if (n <= 0)
+			continue;
+		link[n] = '\0';
+		if (strncmp(link, "/memfd:tshm-queue", 17) || fstat(fd, &st))
+			continue;
+		p = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED,
+			 fd, 0);
+		*size = st.st_size;
+	}
+	return p == MAP_FAILED ? NULL : p;
+}
+
+TEST_F(q, scribbled_ring)
+{
+	unsigned char *ring, buf[256];
+	struct tshm_seg *segs[TSHM_QUEUE_MAX_SEGS], *seg;
+	size_t size = 0, len, off;
+	unsigned round, n, i;
+	int ret;
+
+	ring = map_ring(&size);
+	ASSERT_NE(NULL, ring);
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "scribble", 0, &seg));
+	srand(1);
+	for (round = 0; round < 2000; round++) {
+		tshm_queue_send(self->q, buf, round % 200, &seg, round % 2, 0);
+		/* Scribble a few words past the immutable header. */
+		for (i = 0; i < 4; i++) {
+			off = 64 + (size_t)rand() % (size - 72);
+			off &= ~7UL;
+			if (off >= 64 && off < 192)
+				continue;	/* the lock: that would hang */
+			*(uint64_t *)(ring + off) = ((uint64_t)rand() << 32) ^
+						    rand();
+		}
+		n = TSHM_QUEUE_MAX_SEGS;
+		ret = tshm_queue_recv(self->q, buf, sizeof(buf), &len, segs,
+				      &n, 0);
+		if (ret == 0) {
+			ASSERT_LE(len, sizeof(buf));
+			for (i = 0; i < n; i++)
+				tshm_seg_unref(segs[i]);
+		} else {
+			ASSERT_TRUE(ret == -EAGAIN || ret == -EBADMSG ||
+				    ret == -EMSGSIZE || ret == -ENOBUFS ||
+				    ret == -EPIPE);
+			if (ret == -EPIPE)
+				break;
+		}
+	}
+	munmap(ring, size);
+	tshm_seg_unref(seg);
+}
+
+TSHM_TEST_MAIN(child_main)

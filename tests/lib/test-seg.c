@@ -1,0 +1,338 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Contexts, segments, release notification and handle passing, on
+ * whichever backend the library picks.
+ */
+#include <sys/socket.h>
+
+#include "tshm-test.h"
+
+FIXTURE(seg) {
+	struct tshm_ctx *ctx;
+	int fds_before;
+};
+
+FIXTURE_SETUP(seg)
+{
+	self->fds_before = count_fds();
+	ASSERT_EQ(0, tshm_ctx_open(&self->ctx, 0));
+}
+
+FIXTURE_TEARDOWN(seg)
+{
+	tshm_ctx_close(self->ctx);
+	EXPECT_EQ(self->fds_before, count_fds());
+}
+
+TEST(ctx_open_flags)
+{
+	struct tshm_ctx *ctx;
+	int ret;
+
+	EXPECT_EQ(-EINVAL, tshm_ctx_open(NULL, 0));
+	EXPECT_EQ(-EINVAL, tshm_ctx_open(&ctx, 1U << 7));
+	EXPECT_EQ(-EINVAL, tshm_ctx_open(&ctx, TSHM_CTX_MEMFD | TSHM_CTX_KMOD));
+
+	ASSERT_EQ(0, tshm_ctx_open(&ctx, TSHM_CTX_MEMFD));
+	EXPECT_STREQ("memfd", tshm_ctx_backend(ctx));
+	tshm_ctx_close(ctx);
+
+	ret = tshm_ctx_open(&ctx, TSHM_CTX_KMOD);
+	if (access("/dev/tshm", F_OK) == 0) {
+		ASSERT_EQ(0, ret);
+		EXPECT_STREQ("kmod", tshm_ctx_backend(ctx));
+		tshm_ctx_close(ctx);
+	} else {
+		EXPECT_EQ(-ENODEV, ret);
+	}
+
+	setenv("TSHM_BACKEND", "bogus", 1);
+	EXPECT_EQ(-EINVAL, tshm_ctx_open(&ctx, 0));
+	setenv("TSHM_BACKEND", "memfd", 1);
+	ASSERT_EQ(0, tshm_ctx_open(&ctx, 0));
+	EXPECT_STREQ("memfd", tshm_ctx_backend(ctx));
+	tshm_ctx_close(ctx);
+	tshm_ctx_close(NULL);
+}
+
+TEST_F(seg, ctx_fd)
+{
+	struct tshm_ctx *ctx2;
+	int p[2];
+
+	ASSERT_LE(0, tshm_ctx_fd(self->ctx));
+	ASSERT_EQ(0, tshm_ctx_open_fd(tshm_ctx_fd(self->ctx), 0, &ctx2));
+	EXPECT_STREQ(tshm_ctx_backend(self->ctx), tshm_ctx_backend(ctx2));
+	EXPECT_NE(tshm_ctx_fd(self->ctx), tshm_ctx_fd(ctx2));
+	tshm_ctx_close(ctx2);
+
+	EXPECT_EQ(-EINVAL, tshm_ctx_open_fd(-1, 0, &ctx2));
+	EXPECT_EQ(-EINVAL, tshm_ctx_open_fd(tshm_ctx_fd(self->ctx),
+					    is_kmod(self->ctx) ? TSHM_CTX_MEMFD :
+					    TSHM_CTX_KMOD, &ctx2));
+	ASSERT_EQ(0, pipe(p));
+	EXPECT_EQ(-EINVAL, tshm_ctx_open_fd(p[0], 0, &ctx2));
+	close(p[0]);
+	close(p[1]);
+}
+
+TEST_F(seg, create_errors)
+{
+	struct tshm_seg *seg;
+
+	EXPECT_EQ(-EINVAL, tshm_seg_create(NULL, 4096, "x", 0, &seg));
+	EXPECT_EQ(-EINVAL, tshm_seg_create(self->ctx, 0, "x", 0, &seg));
+	EXPECT_EQ(-EINVAL, tshm_seg_create(self->ctx, 4096, "x", 1U << 9, &seg));
+	EXPECT_EQ(-EINVAL, tshm_seg_create(self->ctx, 4096, "x", 0, NULL));
+	EXPECT_GT(0, tshm_seg_create(self->ctx, (size_t)1 << 62, "x", 0, &seg));
+	EXPECT_EQ(-EINVAL, tshm_seg_create(self->ctx, SIZE_MAX, "x", 0, &seg));
+}
+
+TEST_F(seg, create_map_ref)
+{
+	struct tshm_seg *seg, *seg2;
+	unsigned char *p;
+
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 10000, "basic", 0, &seg));
+	EXPECT_GE(tshm_seg_size(seg), 10000);
+	EXPECT_EQ(0, tshm_seg_size(seg) % getpagesize());
+	EXPECT_NE(0, tshm_seg_id(seg));
+	EXPECT_STREQ("basic", tshm_seg_name(seg));
+	p = tshm_seg_data(seg);
+	ASSERT_NE(NULL, p);
+	EXPECT_EQ(0, p[0]);
+	memset(p, 0xa5, tshm_seg_size(seg));
+	EXPECT_EQ(0xa5, p[tshm_seg_size(seg) - 1]);
+	EXPECT_EQ(seg, tshm_seg_ref(seg));
+	tshm_seg_unref(seg);
+	EXPECT_EQ(0xa5, p[9999]);
+
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 1, NULL, TSHM_SEG_PREFAULT |
+				     TSHM_SEG_HUGE, &seg2));
+	EXPECT_NE(tshm_seg_id(seg), tshm_seg_id(seg2));
+	EXPECT_STREQ("", tshm_seg_name(seg2));
+	tshm_seg_unref(seg2);
+	tshm_seg_unref(seg);
+	tshm_seg_unref(NULL);
+}
+
+TEST_F(seg, shared_across_fork)
+{
+	struct tshm_seg *seg;
+	volatile uint64_t *p;
+	pid_t pid;
+
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "fork", 0, &seg));
+	p = tshm_seg_data(seg);
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0) {
+		p[1] = 0x1234;
+		_exit(p[0] == 7 ? 0 : 1);
+	}
+	p[0] = 7;
+	(void)p[0];
+	/* The child may run before the store: it then exits 1; retry once. */
+	if (wait_ok(pid)) {
+		pid = fork();
+		if (pid == 0)
+			_exit(p[0] == 7 ? 0 : 1);
+		ASSERT_EQ(0, wait_ok(pid));
+	}
+	EXPECT_EQ(0x1234, p[1]);
+	tshm_seg_unref(seg);
+}
+
+TEST(error_strings)
+{
+	EXPECT_STREQ("queue closed (and drained)", tshm_strerror(-EPIPE));
+	EXPECT_STREQ(tshm_strerror(-EPIPE), tshm_strerror(EPIPE));
+	EXPECT_STREQ("success", tshm_strerror(0));
+	EXPECT_NE(NULL, tshm_strerror(-EIO));
+	EXPECT_NE(NULL, tshm_strerror(-100000));
+}
+
+/*
+ * The receiver gets the segment over a socket, checks it, acks, holds it
+ * until told (or forever, to be killed), then exits.
+ */
+static int recv_child(struct tshm_ctx *ctx, int sock, uint64_t sum,
+		      bool wait_kill)
+{
+	struct tshm_seg *seg, *again;
+	char c = 0;
+
+	if (tshm_seg_recv_fd(ctx, sock, &seg))
+		return 10;
+	if (fnv1a(tshm_seg_data(seg), tshm_seg_size(seg)) != sum)
+		return 11;
+	/* The same segment again: the cached object comes back. */
+	if (tshm_seg_recv_fd(ctx, sock, &again) || again != seg)
+		return 12;
+	tshm_seg_unref(again);
+	if (write(sock, "k", 1) != 1)
+		return 13;
+	if (wait_kill)
+		pause();
+	if (read(sock, &c, 1) != 1)
+		return 14;
+	tshm_seg_unref(seg);
+	return 0;
+}
+
+static void release_case(struct __test_metadata *_metadata,
+			 struct tshm_ctx *ctx, bool kill_it)
+{
+	struct tshm_seg *seg;
+	int sv[2], status;
+	uint64_t sum;
+	pid_t pid;
+	char c;
+
+	ASSERT_EQ(0, tshm_seg_create(ctx, 1 << 20, "release", 0, &seg));
+	fill_pattern(tshm_seg_data(seg), tshm_seg_size(seg), 42);
+	sum = fnv1a(tshm_seg_data(seg), tshm_seg_size(seg));
+	/* Nobody else holds it yet. */
+	EXPECT_EQ(0, tshm_seg_wait_released(seg, 0));
+
+	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0) {
+		close(sv[0]);
+		tshm_seg_unref(seg);
+		_exit(recv_child(ctx, sv[1], sum, kill_it));
+	}
+	close(sv[1]);
+	ASSERT_EQ(0, tshm_seg_send_fd(seg, sv[0]));
+	ASSERT_EQ(0, tshm_seg_send_fd(seg, sv[0]));
+	ASSERT_EQ(1, read(sv[0], &c, 1));
+	EXPECT_EQ(-EAGAIN, tshm_seg_wait_released(seg, 0));
+	EXPECT_EQ(-ETIMEDOUT, tshm_seg_wait_released(seg, 50));
+	if (kill_it) {
+		kill(pid, SIGKILL);
+	} else {
+		ASSERT_EQ(1, write(sv[0], "x", 1));
+	}
+	EXPECT_EQ(0, tshm_seg_wait_released(seg, 10000));
+	ASSERT_EQ(pid, waitpid(pid, &status, 0));
+	if (kill_it) {
+		EXPECT_TRUE(WIFSIGNALED(status));
+	} else {
+		EXPECT_EQ(0, status);
+	}
+	close(sv[0]);
+	tshm_seg_unref(seg);
+}
+
+TEST_F(seg, wait_released)
+{
+	release_case(_metadata, self->ctx, false);
+}
+
+TEST_F(seg, wait_released_receiver_killed)
+{
+	release_case(_metadata, self->ctx, true);
+}
+
+TEST_F(seg, wait_released_errors)
+{
+	EXPECT_EQ(-EINVAL, tshm_seg_wait_released(NULL, 0));
+}
+
+TEST_F(seg, send_recv_fd_errors)
+{
+	struct tshm_seg *seg;
+	int sv[2];
+
+	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
+	EXPECT_EQ(-EINVAL, tshm_seg_send_fd(NULL, sv[0]));
+	EXPECT_EQ(-EINVAL, tshm_seg_recv_fd(self->ctx, -1, &seg));
+	ASSERT_EQ(5, write(sv[0], "junk!", 5));
+	EXPECT_EQ(-EBADMSG, tshm_seg_recv_fd(self->ctx, sv[1], &seg));
+	close(sv[0]);
+	EXPECT_EQ(-EPIPE, tshm_seg_recv_fd(self->ctx, sv[1], &seg));
+	close(sv[1]);
+}
+
+TEST_F(seg, send_recv_fd_other_backend)
+{
+	struct tshm_ctx *other;
+	struct tshm_seg *seg, *got;
+	int sv[2];
+
+	if (!is_kmod(self->ctx))
+		SKIP(return, "needs the module for a second backend");
+	ASSERT_EQ(0, tshm_ctx_open(&other, TSHM_CTX_MEMFD));
+	ASSERT_EQ(0, tshm_seg_create(other, 4096, "x", 0, &seg));
+	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
+	ASSERT_EQ(0, tshm_seg_send_fd(seg, sv[0]));
+	EXPECT_EQ(-EXDEV, tshm_seg_recv_fd(self->ctx, sv[1], &got));
+	close(sv[0]);
+	close(sv[1]);
+	tshm_seg_unref(seg);
+	tshm_ctx_close(other);
+}
+
+TEST_F(seg, handles)
+{
+	struct tshm_handle h, bad;
+	struct tshm_seg *seg, *got;
+	pid_t pid;
+
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 8192, "handle", 0, &seg));
+	fill_pattern(tshm_seg_data(seg), 8192, 7);
+	EXPECT_EQ(-EINVAL, tshm_seg_export(NULL, &h));
+	EXPECT_EQ(-EINVAL, tshm_seg_import(self->ctx, NULL, &got));
+	if (!is_kmod(self->ctx)) {
+		EXPECT_EQ(-EOPNOTSUPP, tshm_seg_export(seg, &h));
+		h = (struct tshm_handle){ .id = 1, .grants = 1 };
+		EXPECT_EQ(-EOPNOTSUPP, tshm_seg_import(self->ctx, &h, &got));
+		tshm_seg_unref(seg);
+		return;
+	}
+	ASSERT_EQ(0, tshm_seg_export(seg, &h));
+	EXPECT_EQ(tshm_seg_id(seg), h.id);
+	EXPECT_EQ(1, h.grants);
+	bad = h;
+	bad.grants = 2;
+	EXPECT_EQ(-EINVAL, tshm_seg_import(self->ctx, &bad, &got));
+	bad = h;
+	bad.flags = 1;
+	EXPECT_EQ(-EINVAL, tshm_seg_import(self->ctx, &bad, &got));
+
+	/* A child sharing the context consumes the grant. */
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0) {
+		struct tshm_ctx *cctx;
+
+		if (tshm_ctx_open_fd(tshm_ctx_fd(self->ctx), 0, &cctx))
+			_exit(1);
+		if (tshm_seg_import(cctx, &h, &got))
+			_exit(2);
+		if (fnv1a(tshm_seg_data(got), 8192) !=
+		    fnv1a(tshm_seg_data(seg), 8192))
+			_exit(3);
+		tshm_seg_unref(got);
+		_exit(0);
+	}
+	EXPECT_EQ(0, wait_ok(pid));
+	EXPECT_EQ(0, tshm_seg_wait_released(seg, 5000));
+
+	/* Importing what we hold: cached, the grant is given back later. */
+	ASSERT_EQ(0, tshm_seg_export(seg, &h));
+	ASSERT_EQ(0, tshm_seg_import(self->ctx, &h, &got));
+	EXPECT_EQ(seg, got);
+	tshm_seg_unref(got);
+	/* Waiting for release gives the pending grant back first. */
+	EXPECT_EQ(0, tshm_seg_wait_released(seg, 5000));
+
+	/* An id nobody granted. */
+	bad = h;
+	bad.id = ~0ULL;
+	EXPECT_GT(0, tshm_seg_import(self->ctx, &bad, &got));
+	tshm_seg_unref(seg);
+}
+
+TSHM_TEST_MAIN(NULL)
