@@ -7,3 +7,12 @@ ALL += $(EXAMPLES)
 $(B)/examples/kmod-demo: examples/kmod-demo.c kmod/include/uapi/linux/tshm.h
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+# spawn examples (issue 6): workers started with tshm_spawn().
+SPAWN_EXAMPLES := $(B)/examples/hogwild $(B)/examples/pipeline
+EXAMPLES += $(SPAWN_EXAMPLES)
+ALL += $(SPAWN_EXAMPLES)
+
+$(SPAWN_EXAMPLES): $(B)/examples/%: examples/%.c $(LIB_A) lib/include/tshm.h
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -o $@ $< $(LIB_A) $(LDLIBS)
