@@ -9,7 +9,7 @@
  * and sleeps in poll() until it is the sole holder again.
  *
  *   kmod-demo                      producer (starts the consumer itself)
- *   kmod-demo consume CTXFD ID     consumer
+ *   kmod-demo consume CTXFD ID READYFD   consumer
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -51,7 +51,7 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static int consume(int ctx, uint64_t id)
+static int consume(int ctx, uint64_t id, int ready)
 {
 	struct tshm_attach at = { .argsz = sizeof(at), .id = id };
 	unsigned char *p;
@@ -64,7 +64,10 @@ static int consume(int ctx, uint64_t id)
 	printf("consumer %d: attached segment %" PRIu64 " by id (%llu MiB), checksum %016" PRIx64 "\n",
 	       getpid(), id, (unsigned long long)at.size >> 20, checksum(p, at.size));
 	fflush(stdout);
-	/* Hold the segment until killed. */
+	/* Tell the producer, then hold the segment until killed. */
+	if (write(ready, "", 1) != 1)
+		die("write");
+	close(ready);
 	for (;;)
 		pause();
 	return 0;
@@ -77,13 +80,15 @@ int main(int argc, char **argv)
 	struct tshm_info info = { .argsz = sizeof(info) };
 	struct pollfd pfd;
 	unsigned char *p;
-	char arg_ctx[16], arg_id[32];
+	char arg_ctx[16], arg_id[32], arg_ready[16], byte;
+	int ready[2];
 	double t0;
 	pid_t child;
 	int ctx, status;
 
-	if (argc == 4 && !strcmp(argv[1], "consume"))
-		return consume(atoi(argv[2]), strtoull(argv[3], NULL, 0));
+	if (argc == 5 && !strcmp(argv[1], "consume"))
+		return consume(atoi(argv[2]), strtoull(argv[3], NULL, 0),
+			       atoi(argv[4]));
 
 	ctx = open(TSHM_DEVICE_PATH, O_RDWR);	/* no O_CLOEXEC: the consumer inherits it */
 	if (ctx < 0)
@@ -102,6 +107,9 @@ int main(int argc, char **argv)
 	gr.ctx_fd = ctx;
 	if (ioctl(cr.fd, TSHM_IOC_GRANT, &gr))
 		die("GRANT");
+	if (pipe(ready))
+		die("pipe");
+	snprintf(arg_ready, sizeof(arg_ready), "%d", ready[1]);
 	snprintf(arg_ctx, sizeof(arg_ctx), "%d", ctx);
 	snprintf(arg_id, sizeof(arg_id), "%" PRIu64, (uint64_t)cr.id);
 	fflush(stdout);
@@ -109,18 +117,20 @@ int main(int argc, char **argv)
 	if (child < 0)
 		die("fork");
 	if (child == 0) {
-		execl("/proc/self/exe", argv[0], "consume", arg_ctx, arg_id, (char *)NULL);
+		close(ready[0]);
+		execl("/proc/self/exe", argv[0], "consume", arg_ctx, arg_id,
+		      arg_ready, (char *)NULL);
 		die("exec");
 	}
 
 	/* Wait until the consumer holds it: two holders, no grant left. */
-	for (int i = 0; i < 1000; i++) {
-		if (ioctl(cr.fd, TSHM_IOC_INFO, &info))
-			die("INFO");
-		if (info.holders == 2 && info.grants == 0)
-			break;
-		usleep(10000);
+	close(ready[1]);
+	if (read(ready[0], &byte, 1) != 1) {
+		fprintf(stderr, "kmod-demo: the consumer failed\n");
+		return 1;
 	}
+	if (ioctl(cr.fd, TSHM_IOC_INFO, &info))
+		die("INFO");
 	printf("producer: segment has %u holders, %u grants; /proc/tshm now:\n",
 	       info.holders, info.grants);
 	fflush(stdout);
