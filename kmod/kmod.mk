@@ -1,35 +1,41 @@
 # SPDX-License-Identifier: GPL-2.0
-# The module, built out of tree against Debian's linux-headers-$(KVER).
+# The module, built out of tree against Debian's linux-headers-$(KVER), and
+# (make kmod-debug) against the debug kernel of scripts/build-debug-kernel.
 # Kbuild writes its objects next to the sources it is given, so the sources
-# are mirrored into $(B)/kmod as symlinks and built there.
+# are mirrored into the build folder as symlinks and built there.
 
-KMOD_B    := $(B)/kmod
-KMOD_SRCS := $(wildcard kmod/*.c kmod/*.h) kmod/Kbuild
-KO        := $(KMOD_B)/tshm.ko
-# W=1, warnings as errors; C=1 runs sparse (make kmod C=1).
-KMOD_MAKE = $(MAKE) -C $(KHEADERS) M=$(CURDIR)/$(KMOD_B) W=1 \
-	    KCFLAGS=-Werror $(if $(C),C=$(C))
+KMOD_SRCS    := $(wildcard kmod/*.c kmod/*.h) kmod/Kbuild
+KMOD_B       := $(B)/kmod
+KO           := $(KMOD_B)/tshm.ko
+KO_DEBUG     := $(B)/kmod-debug/tshm.ko
+KMOD_DEPS    := $(KMOD_SRCS) $(wildcard kmod/include/uapi/linux/*.h) $(DEPS_MK)
+
+# $(call kmod_build,KERNEL_TREE,OUT_DIR): W=1, warnings are errors, the
+# log kept in OUT_DIR/build.log; C=1 or C=2 runs sparse too.
+define kmod_build
+	@mkdir -p $(2)
+	$(Q)for f in $(KMOD_SRCS) kmod/include; do \
+		ln -sfn $(CURDIR)/$$f $(2)/$$(basename $$f); done
+	$(Q)+$(MAKE) -C $(1) M=$(CURDIR)/$(2) W=1 KCFLAGS=-Werror \
+		$(if $(C),C=$(C)) modules > $(2)/build.log 2>&1 || \
+		{ cat $(2)/build.log; exit 1; }
+	$(Q)if grep -E ': (warning|error):' $(2)/build.log; then exit 1; fi
+endef
 
 ALL += $(KO)
 
+.PHONY: kmod kmod-debug kmod-lint
 kmod: $(KO)
+kmod-debug: $(KO_DEBUG)
 
-$(KO): $(KMOD_SRCS) $(wildcard kmod/include/uapi/linux/*.h) $(DEPS_MK)
-	@mkdir -p $(KMOD_B)
-	$(Q)for f in $(KMOD_SRCS) kmod/include; do \
-		ln -sfn $(CURDIR)/$$f $(KMOD_B)/$$(basename $$f); done
-	$(Q)+$(KMOD_MAKE) modules $(if $(filter 0,$(V)),>$(KMOD_B)/build.log 2>&1 || \
-		{ cat $(KMOD_B)/build.log; exit 1; })
-	@grep -i 'warning:' $(KMOD_B)/build.log 2>/dev/null && exit 1 || true
+$(KO): $(KMOD_DEPS)
+	$(call kmod_build,$(KHEADERS),$(KMOD_B))
 
-# checkpatch --strict and sparse over the module's sources.  The UAPI
-# header cannot use BIT() (not exported), and _BITUL() would change the
-# flags' type from unsigned int to unsigned long.
-CHECKPATCH = perl $(KTREE)/scripts/checkpatch.pl --strict --no-tree --terse \
-	     --show-types --ignore FILE_PATH_CHANGES,SPDX_LICENSE_TAG
-.PHONY: kmod-lint
+# Not part of 'all': the first build of the debug kernel takes minutes.
+$(KO_DEBUG): $(KMOD_DEPS) scripts/build-debug-kernel scripts/debug-kernel.config
+	$(Q)scripts/build-debug-kernel --print-env > $(B)/kdebug.env
+	$(call kmod_build,$$(sed -n 's/^KDEBUG_TREE=//p' $(B)/kdebug.env),$(B)/kmod-debug)
+
+# checkpatch --strict, sparse and W=1: the lint suite of make check.
 kmod-lint: $(DEPS_MK)
-	$(Q)$(CHECKPATCH) -f kmod/*.c kmod/*.h
-	$(Q)$(CHECKPATCH) --ignore BIT_MACRO -f kmod/include/uapi/linux/*.h
-	$(Q)rm -f $(KO) && $(MAKE) --no-print-directory kmod C=2 V=1 2>&1 | \
-		tee $(KMOD_B)/sparse.log | grep -E ': (warning|error):' && exit 1 || true
+	$(Q)B=$(B) tests/lint/kmod-lint.sh

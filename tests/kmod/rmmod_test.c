@@ -15,18 +15,26 @@ static int unload(void)
 	return syscall(SYS_delete_module, "tshm", O_NONBLOCK) ? -errno : 0;
 }
 
-/* build/tests/kmod/rmmod_test -> build/kmod/tshm.ko */
+/*
+ * The module vm-run loaded ($TSHM_MODULE: the debug kernel has its own
+ * build), else build/tests/kmod/rmmod_test -> build/kmod/tshm.ko.
+ */
 static int reload(void)
 {
 	char exe[PATH_MAX], ko[PATH_MAX + 32];
+	const char *env = getenv("TSHM_MODULE");
 	ssize_t n;
 	int fd, err;
 
-	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-	if (n < 0)
-		return -errno;
-	exe[n] = 0;
-	snprintf(ko, sizeof(ko), "%s/../../kmod/tshm.ko", dirname(exe));
+	if (env && *env) {
+		snprintf(ko, sizeof(ko), "%s", env);
+	} else {
+		n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+		if (n < 0)
+			return -errno;
+		exe[n] = 0;
+		snprintf(ko, sizeof(ko), "%s/../../kmod/tshm.ko", dirname(exe));
+	}
 	fd = open(ko, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return -errno;
