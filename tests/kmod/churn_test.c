@@ -4,6 +4,8 @@
  * grant each to the shared context and send its id to the next process,
  * which attaches, checks and drops it; some processes are SIGKILLed
  * midway.  Afterwards /proc/tshm is empty and Shmem is back where it was.
+ * TSHM_CHURN_ROUNDS overrides the 1,000 (make check uses fewer on the
+ * debug kernel, where KASAN and lockdep under emulation are ~50x slower).
  */
 #include <signal.h>
 #include "kselftest_harness.h"
@@ -11,6 +13,14 @@
 
 #define WORKERS		64
 #define ROUNDS		1000
+
+static int rounds(void)
+{
+	const char *env = getenv("TSHM_CHURN_ROUNDS");
+	int n = env ? atoi(env) : 0;
+
+	return n > 0 ? n : ROUNDS;
+}
 #define SEGSZ		(16 * 1024)
 
 static int worker(int ctx, int me, int in, int out)
@@ -19,8 +29,10 @@ static int worker(int ctx, int me, int in, int out)
 	int i, fd, afd;
 	uint32_t *p;
 
+	int n = rounds();
+
 	signal(SIGPIPE, SIG_IGN);
-	for (i = 0; i < ROUNDS; i++) {
+	for (i = 0; i < n; i++) {
 		fd = tt_create(ctx, SEGSZ, 0, "churn", &id);
 		if (fd < 0)
 			return 1;
