@@ -16,3 +16,13 @@ ALL += $(SPAWN_EXAMPLES)
 $(SPAWN_EXAMPLES): $(B)/examples/%: examples/%.c $(LIB_A) lib/include/tshm.h
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -o $@ $< $(LIB_A) $(LDLIBS)
+
+# libtshm examples (issue 5): producer and consumer through a queue and a
+# buffer pool, across fork or exec.
+LIB_EXAMPLES := $(B)/examples/producer-consumer
+EXAMPLES += $(LIB_EXAMPLES)
+ALL += $(LIB_EXAMPLES)
+
+$(LIB_EXAMPLES): $(B)/examples/%: examples/%.c $(LIB_A) lib/include/tshm.h
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -o $@ $< $(LIB_A) $(LDLIBS)

@@ -68,6 +68,7 @@ static int ctx_new(int fd, enum tshm_backend backend, struct tshm_ctx **out)
 	ctx->backend = backend;
 	ctx->page_size = sysconf(_SC_PAGESIZE);
 	pthread_mutex_init(&ctx->lock, NULL);
+	pthread_mutex_init(&ctx->qlock, NULL);
 	*out = ctx;
 	return 0;
 }
@@ -180,6 +181,7 @@ void ctx_put(struct tshm_ctx *ctx)
 	close(ctx->fd);
 	munmap((void *)ctx->mark, sysconf(_SC_PAGESIZE));
 	pthread_mutex_destroy(&ctx->lock);
+	pthread_mutex_destroy(&ctx->qlock);
 	free(ctx);
 }
 

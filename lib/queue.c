@@ -34,13 +34,27 @@
 #include "tshm-private.h"
 
 #define QUEUE_MAGIC		0x51485354U	/* "TSHQ" */
-#define QUEUE_VERSION		1
+#define QUEUE_VERSION		2
 #define QUEUE_MAX_CAPACITY	65536U
 #define QUEUE_MAX_MSG		(16UL << 20)
 #define QUEUE_MAX_RING		(1UL << 30)
 #define QUEUE_SPIN_US		50
 #define QUEUE_SNDBUF		(8 << 20)
 #define CACHELINE		64
+/* Module: the spare-grant table (Documentation/lib/queue.rst). */
+#define QUEUE_SPARES		64
+#define QUEUE_SPARE_PROBE	8
+
+/*
+ * @avail grants for segment @id that the queue context holds and no message
+ * in the ring accounts for: a sender takes one instead of a GRANT.  An entry
+ * with @avail 0 is free.  Only the lock holder touches the table.
+ */
+struct qspare {
+	uint64_t id;
+	uint32_t avail;
+	uint32_t __pad;
+};
 
 struct qhdr {
 	/* Written once by the creator; every process keeps its own copy. */
@@ -66,6 +80,9 @@ struct qhdr {
 	_Atomic uint32_t rwait;		/* receivers asleep on @pub */
 	_Atomic uint32_t con __attribute__((aligned(CACHELINE)));
 	_Atomic uint32_t swait;		/* senders asleep on @con */
+
+	/* Module: spare grants, changed under @lock only. */
+	struct qspare spare[QUEUE_SPARES] __attribute__((aligned(CACHELINE)));
 } __attribute__((aligned(CACHELINE)));
 
 struct qslot {
@@ -89,6 +106,7 @@ struct qwire {
 struct tshm_queue {
 	atomic_int refs;
 	struct tshm_ctx *ctx;
+	struct tshm_queue *ctx_next;	/* ctx->queues, under ctx->qlock */
 	struct qhdr *hdr;
 	unsigned char *slots;
 	size_t map_size;
@@ -121,6 +139,133 @@ static struct qslot *q_slot(struct tshm_queue *q, uint64_t pos)
 int queue_grant_fd(const struct tshm_queue *q)
 {
 	return q->gfd;
+}
+
+/* ---- spare grants (module) ---- */
+
+static unsigned spare_home(uint64_t id)
+{
+	id ^= id >> 31;
+	id *= 0x7fb5d329728ea185ULL;
+	id ^= id >> 27;
+	return id % QUEUE_SPARES;
+}
+
+/*
+ * Under the queue lock.  The entry with spares for @id, or NULL.  Every
+ * index is bounded locally, whatever the shared memory holds.
+ */
+static struct qspare *q_spare_find(struct tshm_queue *q, uint64_t id)
+{
+	unsigned h = spare_home(id), i;
+
+	for (i = 0; i < QUEUE_SPARE_PROBE; i++) {
+		struct qspare *e = &q->hdr->spare[(h + i) % QUEUE_SPARES];
+
+		if (e->avail && e->id == id)
+			return e;
+	}
+	return NULL;
+}
+
+/* Under the queue lock: take a parked grant for @id.  false: none. */
+static bool q_spare_take(struct tshm_queue *q, uint64_t id)
+{
+	struct qspare *e = q_spare_find(q, id);
+
+	if (!e)
+		return false;
+	e->avail--;
+	return true;
+}
+
+/*
+ * Under the queue lock: park one grant for @id that a receiver did not
+ * consume.  false: the table has no room near @id's home.
+ */
+static bool q_spare_put(struct tshm_queue *q, uint64_t id)
+{
+	struct qspare *e = q_spare_find(q, id), *slot = NULL;
+	unsigned h = spare_home(id), i;
+
+	if (e) {
+		if (e->avail == UINT32_MAX)
+			return false;
+		e->avail++;
+		return true;
+	}
+	for (i = 0; i < QUEUE_SPARE_PROBE && !slot; i++) {
+		e = &q->hdr->spare[(h + i) % QUEUE_SPARES];
+		if (!e->avail)
+			slot = e;
+	}
+	if (!slot)
+		return false;
+	slot->id = id;
+	slot->avail = 1;
+	return true;
+}
+
+static int q_lock(struct tshm_queue *q);
+static void q_unlock(struct tshm_queue *q, bool recovered);
+
+/* Give back the grants parked for @id in @q's table. */
+static void q_reclaim_spares(struct tshm_queue *q, uint64_t id)
+{
+	struct qspare *e;
+	uint32_t n = 0;
+	int ret;
+
+	ret = q_lock(q);
+	if (ret < 0)
+		return;
+	e = q_spare_find(q, id);
+	if (e) {
+		/* The table first: killed before the DROP, we only leak. */
+		n = e->avail;
+		e->avail = 0;
+	}
+	q_unlock(q, ret);
+	if (n)
+		kmod_drop(q->gfd, id, n);
+}
+
+void ctx_reclaim_spares(struct tshm_ctx *ctx, uint64_t id)
+{
+	struct tshm_queue *one[16], **qs = one, *q;
+	unsigned n = 0, i;
+
+	/* Queue locks are never taken under ctx->qlock: collect, then lock. */
+	pthread_mutex_lock(&ctx->qlock);
+	for (q = ctx->queues; q; q = q->ctx_next)
+		n++;
+	if (n > ARRAY_SIZE(one)) {
+		qs = malloc(n * sizeof(*qs));
+		if (!qs) {
+			pthread_mutex_unlock(&ctx->qlock);
+			return;
+		}
+	}
+	for (i = 0, q = ctx->queues; q; q = q->ctx_next) {
+		/* One on its way out (refs 0) is not resurrected. */
+		int refs = atomic_load_explicit(&q->refs, memory_order_relaxed);
+
+		while (refs > 0) {
+			if (atomic_compare_exchange_weak(&q->refs, &refs,
+							 refs + 1)) {
+				qs[i++] = q;
+				break;
+			}
+		}
+	}
+	n = i;
+	pthread_mutex_unlock(&ctx->qlock);
+	for (i = 0; i < n; i++) {
+		q_reclaim_spares(qs[i], id);
+		tshm_queue_unref(qs[i]);
+	}
+	if (qs != one)
+		free(qs);
 }
 
 /* ---- locking and waiting ---- */
@@ -201,17 +346,31 @@ static int q_wait(struct tshm_queue *q, _Atomic uint32_t *word, uint32_t seen,
 
 /* ---- backend halves of send and receive ---- */
 
+/*
+ * Under the queue lock: one grant to the queue context per segment, taken
+ * from the spares a receiver parked when it can (no system call), else a
+ * GRANT.  Either way the message carries one kernel grant per segment.
+ */
 static int q_grant_segs(struct tshm_queue *q, struct qslot *slot,
 			struct tshm_seg *const *segs, unsigned nsegs)
 {
+	bool took[TSHM_QUEUE_MAX_SEGS];
 	unsigned i;
 	int ret;
 
 	for (i = 0; i < nsegs; i++) {
-		ret = kmod_grant(segs[i]->fd, q->gfd, 1);
+		if (!atomic_load_explicit(&segs[i]->spare_touched,
+					  memory_order_relaxed))
+			atomic_store(&segs[i]->spare_touched, true);
+		took[i] = q_spare_take(q, segs[i]->id);
+		ret = took[i] ? 0 : kmod_grant(segs[i]->fd, q->gfd, 1);
 		if (ret < 0) {
-			while (i--)
-				kmod_drop(q->gfd, segs[i]->id, 1);
+			while (i--) {
+				if (took[i])
+					q_spare_put(q, segs[i]->id);
+				else
+					kmod_drop(q->gfd, segs[i]->id, 1);
+			}
 			return ret;
 		}
 		slot->h[i].id = segs[i]->id;
@@ -286,41 +445,83 @@ static int q_recv_fds(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
 	}
 }
 
-/* Turn what a receive brought into referenced segments. */
-static int q_attach_segs(struct tshm_queue *q, const struct tshm_handle *h,
-			 unsigned nsegs, struct tshm_seg **segs)
+/*
+ * Under the queue lock, before the commit: look the message's segments up
+ * in this process's cache.  @segs[i] gets a reference on a hit, NULL on a
+ * miss.
+ */
+static void q_lookup_segs(struct tshm_queue *q, const struct tshm_handle *h,
+			  unsigned nsegs, struct tshm_seg **segs)
 {
 	struct tshm_ctx *ctx = q->ctx;
-	struct tshm_seg *seg;
+	unsigned i;
+
+	pthread_mutex_lock(&ctx->lock);
+	for (i = 0; i < nsegs; i++)
+		segs[i] = seg_cache_lookup_locked(ctx, h[i].id);
+	pthread_mutex_unlock(&ctx->lock);
+}
+
+/*
+ * Under the queue lock, after the commit: the grants that hits did not
+ * consume become spares in the table (bit i of the result: no room, the
+ * caller batches that grant for a DROP instead).
+ */
+static unsigned q_park_hits(struct tshm_queue *q, const struct tshm_handle *h,
+			    unsigned nsegs, struct tshm_seg **segs)
+{
+	unsigned i, overflow = 0;
+
+	for (i = 0; i < nsegs; i++) {
+		if (!segs[i])
+			continue;
+		if (q_spare_put(q, h[i].id))
+			atomic_store(&segs[i]->spare_touched, true);
+		else
+			overflow |= 1U << i;
+	}
+	return overflow;
+}
+
+/*
+ * After the commit, unlocked: attach what the cache did not have (each
+ * ATTACH consumes the message's grant for that segment).
+ */
+static int q_attach_segs(struct tshm_queue *q, const struct tshm_handle *h,
+			 unsigned nsegs, struct tshm_seg **segs,
+			 unsigned overflow)
+{
+	struct tshm_ctx *ctx = q->ctx;
 	unsigned i, j;
 	size_t size;
 	bool hit;
-	int fd, ret;
+	int fd, ret = 0;
 
 	for (i = 0; i < nsegs; i++) {
-		pthread_mutex_lock(&ctx->lock);
-		seg = seg_cache_lookup_locked(ctx, h[i].id);
-		pthread_mutex_unlock(&ctx->lock);
-		if (seg) {
+		if (segs[i]) {
 			/* Held already: no system call. */
-			seg_note_unconsumed_grant(seg, q);
-		} else {
-			ret = kmod_attach(q->gfd, h[i].id, &fd, &size);
-			if (ret == 0)
-				ret = seg_adopt(ctx, fd, h[i].id, size, &seg,
-						&hit);
-			if (ret < 0)
-				goto fail;
+			if (overflow & (1U << i))
+				seg_note_unconsumed_grant(segs[i], q);
+			continue;
 		}
-		segs[i] = seg;
+		ret = kmod_attach(q->gfd, h[i].id, &fd, &size);
+		if (ret == 0)
+			ret = seg_adopt(ctx, fd, h[i].id, size, &segs[i], &hit);
+		if (ret < 0)
+			break;
 	}
-	return 0;
-fail:
+	if (ret == 0)
+		return 0;
 	/* Give back the grants the rest of the message carried. */
-	for (j = i + 1; j < nsegs; j++)
-		kmod_drop(q->gfd, h[j].id, 1);
-	while (i--)
-		tshm_seg_unref(segs[i]);
+	for (j = i + 1; j < nsegs; j++) {
+		if (!segs[j])
+			kmod_drop(q->gfd, h[j].id, 1);
+		else if (overflow & (1U << j))
+			seg_note_unconsumed_grant(segs[j], q);
+	}
+	for (j = 0; j < nsegs; j++)
+		if (j != i && segs[j])
+			tshm_seg_unref(segs[j]);
 	return ret == -ENOENT ? -EBADMSG : ret;
 }
 
@@ -444,7 +645,8 @@ int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 	struct tshm_handle h[TSHM_QUEUE_MAX_SEGS];
 	uint64_t gen[TSHM_QUEUE_MAX_SEGS];
 	int fds[2 * TSHM_QUEUE_MAX_SEGS];
-	unsigned room = nsegs ? *nsegs : 0, n;
+	unsigned room = nsegs ? *nsegs : 0, n, overflow = 0;
+	bool kmod = q && q->ctx->backend == TSHM_BACKEND_KMOD;
 	struct qhdr *hdr;
 	struct qslot *slot;
 	struct deadline dl;
@@ -509,12 +711,20 @@ again:
 		memcpy(buf, slot->data, mlen);
 	memcpy(h, slot->h, n * sizeof(h[0]));
 	ret = 0;
-	if (n && q->ctx->backend == TSHM_BACKEND_MEMFD &&
-	    q_recv_fds(q, slot->tag, n, fds, gen))
+	if (n && kmod)
+		q_lookup_segs(q, h, n, segs);
+	if (n && !kmod && q_recv_fds(q, slot->tag, n, fds, gen))
 		ret = 1;
 consume:
 	/* The commit: the message is taken once head moves past it. */
 	atomic_store_explicit(&hdr->head, head + 1, memory_order_release);
+	/*
+	 * Then park what hits did not consume.  Killed between the two, the
+	 * grants stay with the queue context unaccounted: a leak until the
+	 * queue goes, never a spare that does not exist.
+	 */
+	if (ret == 0 && n && kmod)
+		overflow = q_park_hits(q, h, n, segs);
 	q_unlock(q, recovered);
 	q_wake(&hdr->con, &hdr->swait, false);
 	if (ret == 1)
@@ -523,8 +733,8 @@ consume:
 		return ret;
 
 	if (n) {
-		if (q->ctx->backend == TSHM_BACKEND_KMOD)
-			ret = q_attach_segs(q, h, n, segs);
+		if (kmod)
+			ret = q_attach_segs(q, h, n, segs, overflow);
 		else
 			ret = q_adopt_fds(q, n, fds, gen, segs);
 		if (ret < 0)
@@ -669,6 +879,12 @@ static int q_attach(struct tshm_ctx *ctx, int fd, int gfd, const int *sfd,
 	q->sfd[1] = sfd[1];
 	q->wait = TSHM_WAIT_ADAPTIVE;
 	q->spin_us = QUEUE_SPIN_US;
+	if (ctx->backend == TSHM_BACKEND_KMOD) {
+		pthread_mutex_lock(&ctx->qlock);
+		q->ctx_next = ctx->queues;
+		ctx->queues = q;
+		pthread_mutex_unlock(&ctx->qlock);
+	}
 	*out = q;
 	return 0;
 }
@@ -753,9 +969,23 @@ struct tshm_queue *tshm_queue_ref(struct tshm_queue *q)
 TSHM_EXPORT
 void tshm_queue_unref(struct tshm_queue *q)
 {
+	struct tshm_ctx *ctx;
+	struct tshm_queue **pp;
+
 	if (!q || atomic_fetch_sub_explicit(&q->refs, 1,
 					    memory_order_acq_rel) != 1)
 		return;
+	ctx = q->ctx;
+	if (ctx->backend == TSHM_BACKEND_KMOD) {
+		pthread_mutex_lock(&ctx->qlock);
+		for (pp = &ctx->queues; *pp; pp = &(*pp)->ctx_next) {
+			if (*pp == q) {
+				*pp = q->ctx_next;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&ctx->qlock);
+	}
 	munmap(q->hdr, q->map_size);
 	q_close_fds(q->fd, q->gfd, q->sfd);
 	ctx_put(q->ctx);

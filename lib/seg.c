@@ -340,6 +340,12 @@ int seg_released_now(struct tshm_seg *seg)
 	if (seg->ctx->backend == TSHM_BACKEND_MEMFD)
 		return seg->creator ? seg_lease_check(seg, true) : -EOPNOTSUPP;
 	seg_flush_drops(seg);
+	/*
+	 * Spare grants parked in queues look like holders: give back those
+	 * of every queue this process has, whoever parked them (a receiver
+	 * that died or exited holding the segment, for one).
+	 */
+	ctx_reclaim_spares(seg->ctx, seg->id);
 	if (poll(&pfd, 1, 0) < 0)
 		return -errno;
 	return !!(pfd.revents & POLLIN);
@@ -460,6 +466,13 @@ static void seg_destroy(struct tshm_seg *seg)
 	struct tshm_ctx *ctx = seg->ctx;
 	unsigned i;
 
+	/*
+	 * Spare grants this process parked or used in queue tables: nobody
+	 * here can hit them in the cache any more, so give them back now
+	 * (the producer's release notification waits for them).
+	 */
+	if (atomic_load_explicit(&seg->spare_touched, memory_order_relaxed))
+		ctx_reclaim_spares(ctx, seg->id);
 	pthread_mutex_lock(&ctx->lock);
 	seg_cache_remove_locked(ctx, seg);
 	seg_flush_drops_locked(seg);

@@ -49,6 +49,14 @@ struct tshm_ctx {
 	uint64_t gen_base;
 	/* Segments with grants to give back (seg->drop_next chain). */
 	struct tshm_seg *drops;
+	/*
+	 * Module: every queue object of this process on this context
+	 * (q->ctx_next chain), so that spare grants parked in their tables
+	 * can be given back when a segment is released.  Under @qlock, which
+	 * nests inside @lock and is never held while taking another lock.
+	 */
+	pthread_mutex_t qlock;
+	struct tshm_queue *queues;
 };
 
 uint64_t ctx_gen(struct tshm_ctx *ctx);
@@ -79,6 +87,12 @@ struct tshm_seg {
 	struct tshm_queue *drop_q;
 	uint32_t drop_count;
 	struct tshm_seg *drop_next;
+	/*
+	 * Module: this process sent the segment on a queue or parked a spare
+	 * grant for it in a queue's table; its release gives the spares of
+	 * every queue of the context back (queue_reclaim_spares()).
+	 */
+	atomic_bool spare_touched;
 
 	/*
 	 * Fallback: the lease.  @lease is the peer end this process holds and
@@ -141,6 +155,11 @@ void pool_notify(struct tshm_pool *pool);
 
 /* The module context that holds a queue's in-flight grants. */
 int queue_grant_fd(const struct tshm_queue *q);
+/*
+ * Module: give back the spare grants for @id parked in the tables of every
+ * queue this process has open on @ctx (Documentation/lib/queue.rst).
+ */
+void ctx_reclaim_spares(struct tshm_ctx *ctx, uint64_t id);
 
 /* ---- backends ---- */
 

@@ -21,3 +21,6 @@ $(LIB_TEST_B)/%: tests/lib/%.c $(LIB_TEST_DEPS) $(LIB_A)
 $(LIB_TEST_ASAN_B)/%: tests/lib/%.c $(LIB_TEST_DEPS) $(LIB_ASAN_A)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(LIB_TEST_CFLAGS) $(SAN_FLAGS) -o $@ $< $(LIB_ASAN_A) $(LDLIBS)
+
+# The libtshm examples, run by a shell suite (needs $(B)/examples built).
+TESTS_BOTH += tests/lib/test-lib-examples.sh

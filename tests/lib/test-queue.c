@@ -5,10 +5,13 @@
  */
 #include <fcntl.h>
 #include <stdatomic.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
+
+#include <linux/tshm.h>
 
 #include "tshm-test.h"
 
@@ -561,6 +564,121 @@ TEST_F_TIMEOUT(q, many_producers_consumers, 300)
 		tshm_seg_unref(shared[i]);
 	}
 	munmap(seen, MP_PRODUCERS * MP_PER_PRODUCER * sizeof(*seen));
+}
+
+/*
+ * Module: the kernel's change counter of the segment with @id (bumped by
+ * every GRANT, ATTACH, DROP and holder change), found through one of our
+ * fds.  0 on the fallback.
+ */
+static uint64_t seg_generation(struct tshm_ctx *ctx, uint64_t id)
+{
+	int fd;
+
+	if (!is_kmod(ctx))
+		return 0;
+	for (fd = 3; fd < 1024; fd++) {
+		struct tshm_info info = { .argsz = sizeof(info) };
+
+		if (ioctl(fd, TSHM_IOC_INFO, &info) == 0 && info.id == id)
+			return info.generation;
+	}
+	return ~0ULL;
+}
+
+#define CACHED_LAPS	200
+
+/*
+ * A segment both sides already hold goes back and forth: after the first
+ * laps no system call touches it (module: its generation stays put), the
+ * producer still sees the consumer as a holder, and sees it let go, by
+ * unref or by SIGKILL, although the consumer's cache hits parked spare
+ * grants in the queue.
+ */
+static void cached_case(struct __test_metadata *_metadata,
+			struct tshm_ctx *ctx, struct tshm_queue *q,
+			bool kill_it)
+{
+	struct tshm_queue *back;
+	struct tshm_seg *seg, *got;
+	uint64_t gen0 = 0, id;
+	unsigned n, i;
+	size_t len;
+	pid_t pid;
+	char c;
+
+	ASSERT_EQ(0, tshm_queue_create(ctx, 4, 8, &back));
+	ASSERT_EQ(0, tshm_seg_create(ctx, 1 << 20, "cached", 0, &seg));
+	id = tshm_seg_id(seg);
+	fill_pattern(tshm_seg_data(seg), 1 << 20, 9);
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0) {
+		struct tshm_seg *keep = NULL;
+
+		tshm_seg_unref(seg);	/* inherited: not ours to hold */
+		for (i = 0; i < CACHED_LAPS; i++) {
+			n = 1;
+			if (tshm_queue_recv(q, &c, 1, &len, &got, &n, 10000) ||
+			    n != 1)
+				_exit(20);
+			if (!keep)
+				keep = tshm_seg_ref(got);
+			else if (got != keep)
+				_exit(21);
+			if (tshm_queue_send(back, "r", 1, &got, 1, 10000))
+				_exit(22);
+			tshm_seg_unref(got);
+		}
+		if (kill_it)
+			pause();
+		/* The word to let go comes without a segment. */
+		n = 0;
+		if (tshm_queue_recv(q, &c, 1, &len, NULL, &n, 10000))
+			_exit(23);
+		tshm_seg_unref(keep);
+		if (tshm_queue_send(back, "d", 1, NULL, 0, 10000))
+			_exit(24);
+		_exit(0);
+	}
+	for (i = 0; i < CACHED_LAPS; i++) {
+		if (i == CACHED_LAPS / 2)
+			gen0 = seg_generation(ctx, id);
+		ASSERT_EQ(0, tshm_queue_send(q, "s", 1, &seg, 1, 10000));
+		n = 1;
+		ASSERT_EQ(0, tshm_queue_recv(back, &c, 1, &len, &got, &n,
+					     10000));
+		ASSERT_EQ(1, n);
+		EXPECT_EQ(seg, got);
+		tshm_seg_unref(got);
+	}
+	/* Steady state: no GRANT, ATTACH or DROP for half the laps. */
+	EXPECT_EQ(gen0, seg_generation(ctx, id));
+	EXPECT_EQ(-EAGAIN, tshm_seg_wait_released(seg, 0));
+	if (kill_it) {
+		kill(pid, SIGKILL);
+		EXPECT_EQ(0, tshm_seg_wait_released(seg, 10000));
+		waitpid(pid, NULL, 0);
+	} else {
+		ASSERT_EQ(0, tshm_queue_send(q, "b", 1, NULL, 0, 10000));
+		ASSERT_EQ(0, tshm_queue_recv(back, &c, 1, &len, NULL, NULL,
+					     10000));
+		EXPECT_EQ('d', c);
+		EXPECT_EQ(0, tshm_seg_wait_released(seg, 10000));
+		EXPECT_EQ(0, wait_ok(pid));
+	}
+	tshm_seg_unref(seg);
+	tshm_queue_unref(back);
+}
+
+TEST_F(q, cached_resend)
+{
+	cached_case(_metadata, self->ctx, self->q, false);
+}
+
+TEST_F(q, cached_resend_consumer_killed)
+{
+	cached_case(_metadata, self->ctx, self->q, true);
 }
 
 /* Find the ring's memfd and map it, to scribble on it. */
