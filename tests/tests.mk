@@ -11,5 +11,6 @@ include tests/vm/vm-tests.mk
 -include tests/spawn/spawn-tests.mk
 -include tests/tools/tools-tests.mk
 -include tests/cuda/cuda-tests.mk
+-include tests/fuzz/fuzz.mk
 
 ALL += $(TESTS_VM) $(TESTS_BOTH)

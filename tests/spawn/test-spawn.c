@@ -182,17 +182,72 @@ enum behave {
 	B_HANG_NOTERM,	/* ignores SIGTERM: needs SIGKILL */
 	B_SLEEP300,	/* returns 0 after 300 ms */
 	B_RETNEG,	/* returns -EINVAL */
-	B_CLOSEALL,	/* closes every fd but 0-2, then as B_SLEEP300 */
+	B_CLOSEALL,	/* closes every fd but 0-2, then sleeps 1 s */
 };
 
 struct behave_arg {
 	int mode[8];
 };
 
+/* Siblings (same parent: the set's supervisor) that ignore SIGTERM. */
+static int siblings_ignoring_sigterm(void)
+{
+	char path[300], line[256];
+	struct dirent *de;
+	int n = 0, ppid;
+	DIR *d = opendir("/proc");
+
+	if (!d)
+		return -1;
+	while ((de = readdir(d))) {
+		unsigned long long ign = 0;
+		FILE *f;
+
+		if (de->d_name[0] < '1' || de->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/status", de->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		ppid = -1;
+		while (fgets(line, sizeof(line), f)) {
+			sscanf(line, "PPid: %d", &ppid);
+			sscanf(line, "SigIgn: %llx", &ign);
+		}
+		fclose(f);
+		if (ppid == getppid() && (ign & (1ULL << (SIGTERM - 1))))
+			n++;
+	}
+	closedir(d);
+	return n;
+}
+
+/*
+ * A failing worker fails only once every B_HANG_NOTERM sibling ignores
+ * SIGTERM: otherwise, on a loaded machine, the set's SIGTERM can beat the
+ * sibling's signal() and the SIGKILL-after-grace path goes untested.
+ */
+static void wait_for_noterm_siblings(const struct behave_arg *b, int nprocs)
+{
+	int want = 0;
+
+	for (int r = 0; r < nprocs; r++)
+		want += b->mode[r % 8] == B_HANG_NOTERM;
+	while (want && siblings_ignoring_sigterm() < want)
+		usleep(1000);
+}
+
 static int w_behave(int rank, int nprocs, void *arg)
 {
 	const struct behave_arg *b = arg;
 
+	switch (b->mode[rank % 8]) {
+	case B_RET3:
+	case B_FAIL:
+	case B_SEGV:
+		wait_for_noterm_siblings(b, nprocs);
+		break;
+	}
 	switch (b->mode[rank % 8]) {
 	case B_RET3:
 		usleep(20000);
@@ -225,7 +280,7 @@ static int w_behave(int rank, int nprocs, void *arg)
 		return -EINVAL;
 	case B_CLOSEALL:
 		syscall(SYS_close_range, 3, ~0U, 0);
-		usleep(300000);
+		usleep(1000000);
 		return 0;
 	default:
 		return 0;
@@ -845,12 +900,16 @@ TEST_F(sp, workers_close_all_fds)
 	EXPECT_EQ(0, tshm_procs_join(procs, 20000, NULL));
 	tshm_procs_destroy(procs);
 	ASSERT_EQ(0, getrusage(RUSAGE_CHILDREN, &after));
-	/* The supervisor (our child, except with a forkserver) slept. */
+	/*
+	 * The supervisor (our child, except with a forkserver) slept: a busy
+	 * one would burn about the workers' whole second.  What is left is
+	 * fork and exec, slow but bounded under emulation and sanitizers.
+	 */
 	cpu = (after.ru_utime.tv_sec - before.ru_utime.tv_sec) +
 	      (after.ru_stime.tv_sec - before.ru_stime.tv_sec) +
 	      ((after.ru_utime.tv_usec - before.ru_utime.tv_usec) +
 	       (after.ru_stime.tv_usec - before.ru_stime.tv_usec)) / 1e6;
-	EXPECT_GT(0.15, cpu);
+	EXPECT_GT(0.6, cpu);
 }
 
 /* Nothing but the set's own processes holds the caller's fds. */
