@@ -5,4 +5,6 @@
 # (default 60) of tshm-fuzz with 4 workers and a fresh seed, which it
 # prints first so a failure replays with --seed.
 top=$(cd "$(dirname "$0")/../.." && pwd)
-exec "$top/${B:-build}/tests/fuzz/tshm-fuzz" --seconds "${TSHM_FUZZ_SECONDS:-60}" --procs 4
+B=${B:-build}
+case $B in /*) ;; *) B=$top/$B ;; esac
+exec "$B/tests/fuzz/tshm-fuzz" --seconds "${TSHM_FUZZ_SECONDS:-60}" --procs 4
