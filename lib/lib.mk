@@ -54,11 +54,13 @@ $(LIB_A): $(LIB_OBJS)
 $(LIB_ASAN_A): $(LIB_ASAN_OBJS)
 	$(Q)rm -f $@ && $(AR) rcs $@ $^
 
+# The .pc names PREFIX: install writes it afresh for the PREFIX it is given.
+lib_pc = sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' \
+	-e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' -e 's|@VERSION@|$(LIB_VERSION)|' $(1)
+
 $(LIB_PC): lib/tshm.pc.in lib/lib.mk
 	@mkdir -p $(@D)
-	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' \
-		-e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
-		-e 's|@VERSION@|$(LIB_VERSION)|' $< > $@
+	$(Q)$(call lib_pc,$<) > $@
 
 install-lib: $(LIB_SO) $(LIB_B)/libtshm.so $(LIB_A) $(LIB_PC)
 	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)
@@ -66,5 +68,5 @@ install-lib: $(LIB_SO) $(LIB_B)/libtshm.so $(LIB_A) $(LIB_PC)
 	ln -sf $(notdir $(LIB_SO)) $(DESTDIR)$(LIBDIR)/$(LIB_SONAME)
 	ln -sf $(LIB_SONAME) $(DESTDIR)$(LIBDIR)/libtshm.so
 	install -m 0644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
-	install -m 0644 $(LIB_PC) $(DESTDIR)$(LIBDIR)/pkgconfig/
+	$(call lib_pc,lib/tshm.pc.in) > $(DESTDIR)$(LIBDIR)/pkgconfig/tshm.pc
 	install -m 0644 lib/include/tshm.h $(DESTDIR)$(INCLUDEDIR)/
