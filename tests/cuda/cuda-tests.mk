@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: GPL-2.0
+# libtshm-cuda suite: built only when cuda/cuda.mk found nvcc.  The binary
+# runs on the host and in the VM (neither has a GPU there: every GPU test
+# SKIPs with the reason; the rest runs).  Test kernels are compiled by nvcc
+# and linked with the static cudart, the driver is dlopen()ed.
+
+include cuda/cuda-vars.mk
+
+ifneq ($(CUDA_ENABLED),)
+
+CUDA_TEST_B     := $(B)/tests/cuda
+CUDA_TEST_BIN   := $(CUDA_TEST_B)/test-cuda
+CUDA_TEST_CFLAGS := $(TEST_CFLAGS) $(CUDA_INC) -Itests/cuda -Wno-sign-compare
+
+# The same suite against a fake driver (tests/cuda/fake-cuda.c): runs the
+# channel, lease, cache, pool and SIGKILL logic on machines without a GPU.
+CUDA_FAKE_BIN   := $(CUDA_TEST_B)/test-cuda-fake
+CUDA_FAKE_LIB   := $(CUDA_TEST_B)/libfake-cuda.so
+
+TESTS_BOTH += $(CUDA_TEST_BIN) $(CUDA_FAKE_BIN)
+ALL        += $(CUDA_FAKE_LIB)
+
+$(CUDA_TK_OBJ): tests/cuda/tk-kernels.cu tests/cuda/tk-kernels.h
+	@mkdir -p $(@D)
+	$(Q)$(NVCC) $(NVCC_FLAGS) -Itests/cuda -c -o $@ $<
+
+$(CUDA_TEST_BIN): tests/cuda/test-cuda.c tests/cuda/tk-kernels.h \
+		  $(CUDA_HDRS) $(CUDA_TK_OBJ) $(CUDA_A) $(LIB_A)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(CUDA_TEST_CFLAGS) -o $@ $< $(CUDA_TK_OBJ) $(CUDA_A) \
+		$(LIB_A) $(CUDART_LIBS) $(LDLIBS)
+
+$(CUDA_FAKE_LIB): tests/cuda/fake-cuda.c
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) $(CUDA_INC) -fPIC -shared \
+		-Wl,-z,defs -o $@ $<
+
+$(CUDA_FAKE_BIN): tests/cuda/test-cuda.c $(CUDA_HDRS) $(CUDA_A) $(LIB_A) \
+		  | $(CUDA_FAKE_LIB)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(CUDA_TEST_CFLAGS) -DTSHM_CUDA_FAKE -o $@ $< $(CUDA_A) \
+		$(LIB_A) -ldl $(LDLIBS)
+
+endif

@@ -1,0 +1,371 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * A fake CUDA driver (libtshm-cuda loads it through TSHM_CUDA_DRIVER) so
+ * the channel, lease, cache, pool and kill logic of libtshm-cuda runs on
+ * machines without a GPU: test-cuda-fake.  "Device memory" is host memory:
+ * a VMM allocation is a memfd, its exported handle a dup of it, a mapping
+ * an mmap of it; a legacy IPC handle names the exporter's memfd as
+ * /proc/PID/fd/N.  Only the calls libtshm-cuda makes exist, with the
+ * semantics it relies on.  It proves nothing about the real driver.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#define FAKE_GRAN	(2UL << 20)
+#define FAKE_TOTAL	(80ULL << 30)
+
+struct fake_alloc {
+	uintptr_t base;
+	size_t size;
+	int fd;		/* -1: an opened IPC mapping */
+};
+
+static struct fake_alloc allocs[4096];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define API __attribute__((visibility("default")))
+
+int tshm_fake_malloc(void **p, size_t size);
+int tshm_fake_free(void *p);
+
+static int add_alloc(uintptr_t base, size_t size, int fd)
+{
+	int i;
+
+	pthread_mutex_lock(&lock);
+	for (i = 0; i < 4096; i++)
+		if (!allocs[i].base) {
+			allocs[i] = (struct fake_alloc){ base, size, fd };
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	return i < 4096 ? 0 : -1;
+}
+
+static struct fake_alloc *find_alloc(uintptr_t p)
+{
+	int i;
+
+	for (i = 0; i < 4096; i++)
+		if (allocs[i].base && p >= allocs[i].base &&
+		    p < allocs[i].base + allocs[i].size)
+			return &allocs[i];
+	return NULL;
+}
+
+API CUresult cuInit(unsigned int flags)
+{
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDriverGetVersion(int *v)
+{
+	*v = 13000;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuGetErrorName(CUresult r, const char **s)
+{
+	static char buf[32];
+
+	snprintf(buf, sizeof(buf), "FAKE_CUDA_ERROR_%d", (int)r);
+	*s = buf;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuGetErrorString(CUresult r, const char **s)
+{
+	*s = "fake driver error";
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetCount(int *n)
+{
+	*n = 1;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGet(CUdevice *d, int ordinal)
+{
+	if (ordinal != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*d = 0;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d)
+{
+	int i;
+
+	for (i = 0; i < 16; i++)
+		u->bytes[i] = (char)(0xf0 + i);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
+{
+	*v = 1;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
+{
+	static int dummy;
+
+	*c = (CUcontext)&dummy;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
+{
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxSetCurrent(CUcontext c)
+{
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemGetInfo_v2(size_t *fr, size_t *total)
+{
+	*fr = FAKE_TOTAL;
+	*total = FAKE_TOTAL;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemGetAllocationGranularity(size_t *g,
+		const CUmemAllocationProp *p, CUmemAllocationGranularity_flags f)
+{
+	*g = FAKE_GRAN;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
+			 const CUmemAllocationProp *p, unsigned long long f)
+{
+	int fd;
+
+	if (!size || size % FAKE_GRAN)
+		return CUDA_ERROR_INVALID_VALUE;
+	fd = memfd_create("fake-vram", MFD_CLOEXEC);
+	if (fd < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (ftruncate(fd, (off_t)size)) {
+		close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*h = (CUmemGenericAllocationHandle)fd + 1;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+	return close((int)h - 1) ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align,
+				 CUdeviceptr addr, unsigned long long f)
+{
+	void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
+		       MAP_NORESERVE, -1, 0);
+
+	if (m == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*p = (CUdeviceptr)(uintptr_t)m;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
+{
+	return munmap((void *)(uintptr_t)p, size) ? CUDA_ERROR_INVALID_VALUE :
+		CUDA_SUCCESS;
+}
+
+API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off,
+		      CUmemGenericAllocationHandle h, unsigned long long f)
+{
+	struct stat st;
+	int fd = (int)h - 1;
+
+	if (fstat(fd, &st) || (size_t)st.st_size < size + off)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (mmap((void *)(uintptr_t)p, size, PROT_READ | PROT_WRITE,
+		 MAP_SHARED | MAP_FIXED, fd, (off_t)off) == MAP_FAILED)
+		return CUDA_ERROR_INVALID_VALUE;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
+{
+	if (mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE |
+		 MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED)
+		return CUDA_ERROR_INVALID_VALUE;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemSetAccess(CUdeviceptr p, size_t size,
+			    const CUmemAccessDesc *d, size_t n)
+{
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemExportToShareableHandle(void *out,
+		CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,
+		unsigned long long f)
+{
+	int fd;
+
+	if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	fd = dup((int)h - 1);
+	if (fd < 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	*(int *)out = fd;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h,
+		void *handle, CUmemAllocationHandleType t)
+{
+	int fd = (int)(uintptr_t)handle, nfd;
+	char path[64], link[64] = "";
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	if (readlink(path, link, sizeof(link) - 1) < 0 ||
+	    !strstr(link, "fake-vram"))
+		return CUDA_ERROR_INVALID_VALUE;
+	nfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (nfd < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*h = (CUmemGenericAllocationHandle)nfd + 1;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size,
+				     CUdeviceptr p)
+{
+	struct fake_alloc *a;
+
+	pthread_mutex_lock(&lock);
+	a = find_alloc((uintptr_t)p);
+	if (a) {
+		*base = a->base;
+		*size = a->size;
+	}
+	pthread_mutex_unlock(&lock);
+	return a ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+struct fake_ipc {
+	uint32_t magic;
+	int32_t pid;
+	int32_t fd;
+	uint32_t pad;
+	uint64_t size;
+};
+
+API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+	struct fake_ipc fi = { .magic = 0xfa4e1bc0 };
+	struct fake_alloc *a;
+
+	pthread_mutex_lock(&lock);
+	a = find_alloc((uintptr_t)p);
+	if (a && a->base == p && a->fd >= 0) {
+		fi.pid = getpid();
+		fi.fd = a->fd;
+		fi.size = a->size;
+	}
+	pthread_mutex_unlock(&lock);
+	if (!fi.pid)
+		return CUDA_ERROR_INVALID_VALUE;
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &fi, sizeof(fi));
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h,
+				   unsigned int flags)
+{
+	struct fake_ipc fi;
+	char path[64];
+	void *m;
+	int fd;
+
+	memcpy(&fi, h.reserved, sizeof(fi));
+	if (fi.magic != 0xfa4e1bc0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (fi.pid == getpid())
+		return CUDA_ERROR_INVALID_CONTEXT;	/* as the real one */
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", fi.pid, fi.fd);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	m = mmap(NULL, fi.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (add_alloc((uintptr_t)m, fi.size, -1)) {
+		munmap(m, fi.size);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*p = (CUdeviceptr)(uintptr_t)m;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+	struct fake_alloc *a;
+
+	pthread_mutex_lock(&lock);
+	a = find_alloc((uintptr_t)p);
+	if (a && a->fd < 0) {
+		munmap((void *)a->base, a->size);
+		memset(a, 0, sizeof(*a));
+	} else {
+		a = NULL;
+	}
+	pthread_mutex_unlock(&lock);
+	return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* cudaMalloc/cudaFree stand-ins for the tests (not driver API). */
+API int tshm_fake_malloc(void **p, size_t size)
+{
+	int fd = memfd_create("fake-vram", MFD_CLOEXEC);
+	void *m;
+
+	if (fd < 0 || ftruncate(fd, (off_t)size))
+		return 2;
+	m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED || add_alloc((uintptr_t)m, size, fd))
+		return 2;
+	*p = m;
+	return 0;
+}
+
+API int tshm_fake_free(void *p)
+{
+	struct fake_alloc *a;
+
+	pthread_mutex_lock(&lock);
+	a = find_alloc((uintptr_t)p);
+	if (a && a->fd >= 0 && a->base == (uintptr_t)p) {
+		munmap(p, a->size);
+		close(a->fd);
+		memset(a, 0, sizeof(*a));
+	} else {
+		a = NULL;
+	}
+	pthread_mutex_unlock(&lock);
+	return a ? 0 : 1;
+}
