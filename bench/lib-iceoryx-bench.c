@@ -34,30 +34,14 @@
 
 #include <tshm.h>
 
+#include "bench-util.h"
+
 #define MIB	(1U << 20)
-
-static double now_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
 
 static void die(const char *what)
 {
 	fprintf(stderr, "lib-iceoryx-bench: %s\n", what);
 	exit(1);
-}
-
-static void *shared_anon(size_t size)
-{
-	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
-		       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-
-	if (p == MAP_FAILED)
-		die("mmap failed");
-	return p;
 }
 
 static int reap(pid_t pid)
@@ -70,37 +54,6 @@ static int reap(pid_t pid)
 }
 
 /* ---- the floor ---- */
-
-static double spin_floor(int iters)
-{
-	_Atomic uint64_t *w = shared_anon(4096);
-	double t0, t;
-	pid_t pid;
-	int i;
-
-	pid = fork();
-	if (pid == 0) {
-		for (i = 0; i < iters; i++) {
-			while (atomic_load_explicit(w, memory_order_acquire) !=
-			       (uint64_t)2 * i + 1)
-				;
-			atomic_store_explicit(w, 2 * i + 2,
-					      memory_order_release);
-		}
-		_exit(0);
-	}
-	t0 = now_us();
-	for (i = 0; i < iters; i++) {
-		atomic_store_explicit(w, 2 * i + 1, memory_order_release);
-		while (atomic_load_explicit(w, memory_order_acquire) !=
-		       (uint64_t)2 * i + 2)
-			;
-	}
-	t = now_us() - t0;
-	reap(pid);
-	munmap((void *)w, 4096);
-	return t / iters / 2;
-}
 
 /* ---- iceoryx ---- */
 

@@ -19,11 +19,11 @@ endif
 BENCH += $(LIB_BENCH_BINS)
 ALL   += $(LIB_BENCH_BINS)
 
-$(LIB_BENCH_B)/lib-iceoryx-bench: bench/lib-iceoryx-bench.c $(LIB_A) lib/include/tshm.h
+$(LIB_BENCH_B)/lib-iceoryx-bench: bench/lib-iceoryx-bench.c $(LIB_A) lib/include/tshm.h bench/bench-util.h
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -isystem $(IOX_INC) -o $@ $< \
 		$(LIB_A) -liceoryx_binding_c $(LDLIBS)
 
-$(LIB_BENCH_B)/lib-%: bench/lib-%.c $(LIB_A) lib/include/tshm.h
+$(LIB_BENCH_B)/lib-%: bench/lib-%.c $(LIB_A) lib/include/tshm.h bench/bench-util.h
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -o $@ $< $(LIB_A) $(LDLIBS)
