@@ -372,6 +372,27 @@ int seg_release_pollfds(struct tshm_seg *seg, struct pollfd *pfd, unsigned n)
 }
 
 TSHM_EXPORT
+int tshm_seg_release_pollfds(struct tshm_seg *seg, struct pollfd *pfd,
+			     unsigned n)
+{
+	int ret;
+
+	if (!seg || !pfd || !n)
+		return -EINVAL;
+	if (seg->ctx->backend == TSHM_BACKEND_MEMFD && !seg->creator)
+		return -EOPNOTSUPP;
+	ret = seg_released_now(seg);
+	if (ret)
+		return ret < 0 ? ret : 0;
+	/*
+	 * A subset is enough: the segment cannot be released before every
+	 * fd given here is ready, and the check that follows a wake-up
+	 * reaps the ready ones, so the next fill names the others.
+	 */
+	return seg_release_pollfds(seg, pfd, n);
+}
+
+TSHM_EXPORT
 int tshm_seg_wait_released(struct tshm_seg *seg, int timeout_ms)
 {
 	struct pollfd pfd[64];

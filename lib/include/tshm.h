@@ -30,6 +30,7 @@
 #ifndef _TSHM_H
 #define _TSHM_H
 
+#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -120,6 +121,18 @@ void tshm_seg_unref(struct tshm_seg *seg);
  * when the last receiver lets go.  Returns 0, -ETIMEDOUT or -EAGAIN.
  */
 int tshm_seg_wait_released(struct tshm_seg *seg, int timeout_ms);
+
+/*
+ * The same wait from an event loop.  Fills at most @n entries of @pfd (fd
+ * and events; revents is the caller's) with fds that become readable when
+ * the segment may have been released, and returns how many, or 0 when it
+ * is released now.  After poll() says one is ready, ask
+ * tshm_seg_wait_released(@seg, 0): -EAGAIN means not yet, fill afresh (the
+ * set changes as receivers let go).  -EINVAL for a NULL or empty array,
+ * -EOPNOTSUPP where tshm_seg_wait_released() gives it.
+ */
+int tshm_seg_release_pollfds(struct tshm_seg *seg, struct pollfd *pfd,
+			     unsigned n);
 
 /*
  * Handle passing.  A handle is 16 bytes that can cross any channel (a pipe,

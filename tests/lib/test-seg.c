@@ -181,10 +181,11 @@ static int recv_child(struct tshm_ctx *ctx, int sock, uint64_t sum,
 }
 
 static void release_case(struct __test_metadata *_metadata,
-			 struct tshm_ctx *ctx, bool kill_it)
+			 struct tshm_ctx *ctx, bool kill_it, bool use_poll)
 {
+	struct pollfd pfd[8];
 	struct tshm_seg *seg;
-	int sv[2], status;
+	int sv[2], status, n, i;
 	uint64_t sum;
 	pid_t pid;
 	char c;
@@ -194,6 +195,7 @@ static void release_case(struct __test_metadata *_metadata,
 	sum = fnv1a(tshm_seg_data(seg), tshm_seg_size(seg));
 	/* Nobody else holds it yet. */
 	EXPECT_EQ(0, tshm_seg_wait_released(seg, 0));
+	EXPECT_EQ(0, tshm_seg_release_pollfds(seg, pfd, 8));
 
 	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
 	pid = fork();
@@ -209,10 +211,28 @@ static void release_case(struct __test_metadata *_metadata,
 	ASSERT_EQ(1, read(sv[0], &c, 1));
 	EXPECT_EQ(-EAGAIN, tshm_seg_wait_released(seg, 0));
 	EXPECT_EQ(-ETIMEDOUT, tshm_seg_wait_released(seg, 50));
+	if (use_poll) {
+		/* the event-loop form: nothing is ready while it is held */
+		ASSERT_LT(0, n = tshm_seg_release_pollfds(seg, pfd, 8));
+		EXPECT_EQ(0, poll(pfd, n, 50));
+	}
 	if (kill_it) {
 		kill(pid, SIGKILL);
 	} else {
 		ASSERT_EQ(1, write(sv[0], "x", 1));
+	}
+	if (use_poll) {
+		for (i = 0; i < 100; i++) {
+			n = tshm_seg_release_pollfds(seg, pfd, 8);
+			ASSERT_LE(0, n);
+			if (!n)
+				break;
+			ASSERT_LT(0, poll(pfd, n, 10000));
+			if (!tshm_seg_wait_released(seg, 0))
+				break;
+		}
+		ASSERT_GT(100, i);
+		EXPECT_EQ(0, tshm_seg_release_pollfds(seg, pfd, 8));
 	}
 	EXPECT_EQ(0, tshm_seg_wait_released(seg, 10000));
 	ASSERT_EQ(pid, waitpid(pid, &status, 0));
@@ -227,17 +247,36 @@ static void release_case(struct __test_metadata *_metadata,
 
 TEST_F(seg, wait_released)
 {
-	release_case(_metadata, self->ctx, false);
+	release_case(_metadata, self->ctx, false, false);
 }
 
 TEST_F(seg, wait_released_receiver_killed)
 {
-	release_case(_metadata, self->ctx, true);
+	release_case(_metadata, self->ctx, true, false);
+}
+
+/* The same through tshm_seg_release_pollfds() and the caller's poll(). */
+TEST_F(seg, release_pollfds)
+{
+	release_case(_metadata, self->ctx, false, true);
+}
+
+TEST_F(seg, release_pollfds_receiver_killed)
+{
+	release_case(_metadata, self->ctx, true, true);
 }
 
 TEST_F(seg, wait_released_errors)
 {
+	struct tshm_seg *seg;
+	struct pollfd pfd;
+
 	EXPECT_EQ(-EINVAL, tshm_seg_wait_released(NULL, 0));
+	EXPECT_EQ(-EINVAL, tshm_seg_release_pollfds(NULL, &pfd, 1));
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, NULL, 0, &seg));
+	EXPECT_EQ(-EINVAL, tshm_seg_release_pollfds(seg, NULL, 1));
+	EXPECT_EQ(-EINVAL, tshm_seg_release_pollfds(seg, &pfd, 0));
+	tshm_seg_unref(seg);
 }
 
 TEST_F(seg, send_recv_fd_errors)
