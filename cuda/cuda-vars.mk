@@ -20,7 +20,8 @@ NVCC_FLAGS    ?= -O2 -std=c++17 $(CUDA_ARCHS) -Xcompiler -Wall,-Werror
 CUDA_INC      := -I$(CUDA_HOME)/include -Icuda/include
 CUDA_B        := $(B)/cuda
 CUDA_SRCS     := $(sort $(wildcard cuda/*.c))
-CUDA_HDRS     := cuda/include/tshm-cuda.h lib/include/tshm.h
+CUDA_HDRS     := cuda/include/tshm-cuda.h cuda/cuda-private.h \
+		 lib/include/tshm.h
 CUDA_OBJS     := $(patsubst cuda/%.c,$(CUDA_B)/obj/%.o,$(CUDA_SRCS))
 CUDA_CFLAGS   := $(BASE_CFLAGS) $(CFLAGS) $(CUDA_INC) -fPIC
 CUDA_SONAME   := libtshm-cuda.so.0

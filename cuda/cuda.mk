@@ -22,8 +22,9 @@ $(CUDA_B)/obj/%.o: cuda/%.c $(CUDA_HDRS)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(CUDA_CFLAGS) -c -o $@ $<
 
-$(CUDA_SO): $(CUDA_OBJS) $(LIB_SO)
+$(CUDA_SO): $(CUDA_OBJS) $(LIB_SO) cuda/libtshm-cuda.map
 	$(Q)$(CC) -shared -Wl,-soname,$(CUDA_SONAME) -Wl,-z,defs \
+		-Wl,--version-script=cuda/libtshm-cuda.map \
 		-Wl,-z,relro -Wl,-z,now $(LDFLAGS) -o $@ $(CUDA_OBJS) \
 		-L$(LIB_B) -l:$(notdir $(LIB_SO)) $(CUDA_LDLIBS)
 
@@ -35,5 +36,20 @@ $(CUDA_B)/libtshm-cuda.so: $(CUDA_B)/$(CUDA_SONAME)
 
 $(CUDA_A): $(CUDA_OBJS)
 	$(Q)rm -f $@ && $(AR) rcs $@ $^
+
+# Beside libtshm (install-lib), when the toolkit was found at build time.
+# tshm-cuda.h needs no CUDA header and the library loads the driver itself:
+# a program using it builds and links without the toolkit.
+install: install-cuda
+.PHONY: install-cuda
+install-cuda: $(CUDA_SO) $(CUDA_A)
+	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)
+	install -m 0755 $(CUDA_SO) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(CUDA_SO)) $(DESTDIR)$(LIBDIR)/$(CUDA_SONAME)
+	ln -sf $(CUDA_SONAME) $(DESTDIR)$(LIBDIR)/libtshm-cuda.so
+	install -m 0644 $(CUDA_A) $(DESTDIR)$(LIBDIR)/
+	$(call lib_pc,cuda/tshm-cuda.pc.in) > \
+		$(DESTDIR)$(LIBDIR)/pkgconfig/tshm-cuda.pc
+	install -m 0644 cuda/include/tshm-cuda.h $(DESTDIR)$(INCLUDEDIR)/
 
 endif

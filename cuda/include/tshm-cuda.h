@@ -21,6 +21,7 @@
 #ifndef _TSHM_CUDA_H
 #define _TSHM_CUDA_H
 
+#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -112,6 +113,13 @@ struct tshm_seg *tshm_cuda_buf_lease(struct tshm_cuda_buf *buf);
  * it (unref, exit or death), none is in flight.  As tshm_seg_wait_released().
  */
 int tshm_cuda_buf_wait_released(struct tshm_cuda_buf *buf, int timeout_ms);
+/*
+ * The same wait from the caller's poll() loop: as tshm_seg_release_pollfds()
+ * on the lease (0 when released now; when an fd is ready, ask
+ * tshm_cuda_buf_wait_released(@buf, 0) and fill afresh on -EAGAIN).
+ */
+int tshm_cuda_buf_release_pollfds(struct tshm_cuda_buf *buf,
+				  struct pollfd *pfd, unsigned n);
 
 /*
  * Drop the caller's reference.  Producer of a VMM buffer: its own mapping
@@ -178,16 +186,23 @@ int tshm_cuda_cache_trim(struct tshm_cuda *cu);
 /* ---- pools ---- */
 
 /*
- * @count VMM buffers of @size bytes (a multiple of the granularity),
- * allocated and exported once.  get hands one out (a reference the caller
- * sends and unrefs); it comes back when every receiver released it.
- * Receivers import each pool buffer once and then hit their cache.
+ * @count buffers of @size bytes (any size: each starts 512-byte aligned)
+ * cut from one VMM allocation, allocated and exported once.  get hands one
+ * out (a reference the caller sends and unrefs), waiting up to
+ * @timeout_ms when none is free; a buffer comes back by itself once this
+ * process dropped its references and every receiver released it, killed
+ * ones included.  Receivers import the allocation once and then hit their
+ * cache: steady-state transfers make no CUDA call on either side.  A pool
+ * is used in the process that created it; it is thread-safe.  Destroy
+ * drops the pool's references; buffers still out live until released.
  */
 int tshm_cuda_pool_create(struct tshm_cuda *cu, struct tshm_ctx *ctx,
 			  unsigned count, size_t size,
 			  struct tshm_cuda_pool **out);
 int tshm_cuda_pool_get(struct tshm_cuda_pool *pool, int timeout_ms,
 		       struct tshm_cuda_buf **out);
+/* Buffers ready to be handed out now (does not block). */
+unsigned tshm_cuda_pool_available(struct tshm_cuda_pool *pool);
 void tshm_cuda_pool_destroy(struct tshm_cuda_pool *pool);
 
 #ifdef __cplusplus

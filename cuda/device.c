@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later
+/*
+ * One process's use of one device: the primary context (the one the CUDA
+ * runtime uses too, so kernels launched by the caller see our mappings),
+ * the device's UUID (what messages carry, since ordinals differ between
+ * processes with different CUDA_VISIBLE_DEVICES) and whether VMM
+ * allocations can be exported as POSIX fds.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda-private.h"
+
+/* VMM with POSIX fd export, and its granularity: 0 when not supported. */
+static size_t vmm_granularity(CUdevice dev)
+{
+	CUmemAllocationProp prop = { 0 };
+	size_t gran = 0;
+	int v = 0;
+
+	if (tcu.cuDeviceGetAttribute(&v,
+	    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+	    dev) != CUDA_SUCCESS || !v)
+		return 0;
+	if (tcu.cuDeviceGetAttribute(&v,
+	    CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+	    dev) != CUDA_SUCCESS || !v)
+		return 0;
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = dev;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	if (tcu.cuMemGetAllocationGranularity(&gran, &prop,
+	    CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
+		return 0;
+	return gran;
+}
+
+int tshm_cuda_open(int ordinal, struct tshm_cuda **out)
+{
+	struct tshm_cuda *cu;
+	int n = 0, ret;
+
+	if (!out)
+		return -EINVAL;
+	*out = NULL;
+	ret = tcu_load();
+	if (ret)
+		return ret;
+	ret = CU_CALL(cuInit(0));
+	if (ret)
+		return ret;
+	ret = CU_CALL(cuDeviceGetCount(&n));
+	if (ret)
+		return ret;
+	if (ordinal < 0 || ordinal >= n) {
+		tcu_err("no CUDA device %d (%d visible)", ordinal, n);
+		return -ENODEV;
+	}
+	cu = calloc(1, sizeof(*cu));
+	if (!cu)
+		return -ENOMEM;
+	pthread_mutex_init(&cu->lock, NULL);
+	cu->ordinal = ordinal;
+	ret = CU_CALL(cuDeviceGet(&cu->dev, ordinal));
+	if (ret)
+		goto err_free;
+	ret = CU_CALL(cuDeviceGetUuid(&cu->uuid, cu->dev));
+	if (ret)
+		goto err_free;
+	ret = CU_CALL(cuDevicePrimaryCtxRetain(&cu->ctx, cu->dev));
+	if (ret)
+		goto err_free;
+	ret = CU_CALL(cuCtxSetCurrent(cu->ctx));
+	if (ret)
+		goto err_release;
+	cu->gran = vmm_granularity(cu->dev);
+	cu->vmm = cu->gran != 0;
+	*out = cu;
+	return 0;
+
+err_release:
+	tcu.cuDevicePrimaryCtxRelease(cu->dev);
+err_free:
+	pthread_mutex_destroy(&cu->lock);
+	free(cu);
+	return ret;
+}
+
+int tshm_cuda_make_current(struct tshm_cuda *cu)
+{
+	return CU_CALL(cuCtxSetCurrent(cu->ctx));
+}
+
+void tshm_cuda_close(struct tshm_cuda *cu)
+{
+	struct tcu_import *imp, *next;
+
+	if (!cu)
+		return;
+	tcu.cuCtxSetCurrent(cu->ctx);
+	for (imp = cu->cache; imp; imp = next) {
+		next = imp->next;
+		tcu_import_drop(cu, imp);
+	}
+	tcu.cuDevicePrimaryCtxRelease(cu->dev);
+	pthread_mutex_destroy(&cu->lock);
+	free(cu);
+}
+
+int tshm_cuda_device(const struct tshm_cuda *cu)
+{
+	return (int)cu->dev;
+}
+
+void tshm_cuda_uuid(const struct tshm_cuda *cu, uint8_t uuid[16])
+{
+	memcpy(uuid, cu->uuid.bytes, 16);
+}
+
+void tshm_cuda_uuid_str(const uint8_t u[16], char *buf, size_t len)
+{
+	snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
+		 "%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3], u[4],
+		 u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+		 u[14], u[15]);
+}
+
+int tshm_cuda_check_uuid(struct tshm_cuda *cu, const uint8_t uuid[16])
+{
+	char a[48], b[48];
+
+	if (!memcmp(uuid, cu->uuid.bytes, 16))
+		return 0;
+	tshm_cuda_uuid_str(uuid, a, sizeof(a));
+	tshm_cuda_uuid_str((const uint8_t *)cu->uuid.bytes, b, sizeof(b));
+	tcu_err("buffer is on %s, this process uses %s (device %d); "
+		"check CUDA_VISIBLE_DEVICES", a, b, cu->ordinal);
+	return -EXDEV;
+}
+
+int tshm_cuda_vmm_supported(struct tshm_cuda *cu)
+{
+	return cu->vmm;
+}
+
+int64_t tshm_cuda_granularity(struct tshm_cuda *cu)
+{
+	if (!cu->vmm) {
+		tcu_err("device %d cannot export VMM memory as fds",
+			cu->ordinal);
+		return -EOPNOTSUPP;
+	}
+	return (int64_t)cu->gran;
+}
+
+int tshm_cuda_mem_info(struct tshm_cuda *cu, size_t *free_b, size_t *total_b)
+{
+	int ret = CU_CALL(cuCtxSetCurrent(cu->ctx));
+
+	return ret ? ret : CU_CALL(cuMemGetInfo(free_b, total_b));
+}
