@@ -5,9 +5,18 @@
  * machines without a GPU: test-cuda-fake.  "Device memory" is host memory:
  * a VMM allocation is a memfd, its exported handle a dup of it, a mapping
  * an mmap of it; a legacy IPC handle names the exporter's memfd as
- * /proc/PID/fd/N.  Only the calls libtshm-cuda makes exist, with the
+ * /proc/PID/fd/N.  cuMemGetInfo counts what is still allocated the way the
+ * kernel frees it: every fake-vram memfd some process holds by an fd or a
+ * mapping (found in /proc), so a library that leaks an import, a handle or
+ * an fd leaves the memory counted, killed processes' memory goes back with
+ * them, and an fd in flight in a socket counts (its file is alive) only if
+ * some process maps it or holds it.  Memfds are named after
+ * $TSHM_FAKE_VRAM_TAG (the test sets it) so that concurrent test runs do
+ * not see each other's.  Only the calls libtshm-cuda makes exist, with the
  * semantics it relies on.  It proves nothing about the real driver.
  */
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -30,6 +39,27 @@ struct fake_alloc {
 };
 
 static struct fake_alloc allocs[4096];
+
+/* "fake-vram-TAG": what this run's memfds are called. */
+static const char *vram_name(void)
+{
+	static char name[64];
+	const char *tag = getenv("TSHM_FAKE_VRAM_TAG");
+
+	snprintf(name, sizeof(name), "fake-vram-%s", tag ? tag : "");
+	return name;
+}
+
+static int vram_create(size_t size)
+{
+	int fd = memfd_create(vram_name(), MFD_CLOEXEC);
+
+	if (fd >= 0 && ftruncate(fd, (off_t)size)) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define API __attribute__((visibility("default")))
@@ -135,9 +165,89 @@ API CUresult cuCtxSetCurrent(CUcontext c)
 	return CUDA_SUCCESS;
 }
 
+struct vram_seen {
+	unsigned long ino;
+	uint64_t size;
+};
+
+static void seen_add(struct vram_seen *seen, unsigned *n, unsigned max,
+		     unsigned long ino, uint64_t size)
+{
+	unsigned i;
+
+	for (i = 0; i < *n; i++)
+		if (seen[i].ino == ino) {
+			if (size > seen[i].size)
+				seen[i].size = size;
+			return;
+		}
+	if (*n < max)
+		seen[(*n)++] = (struct vram_seen){ ino, size };
+}
+
+/* This run's memfds that process @pid holds open or maps. */
+static void scan_pid(const char *pid, const char *want,
+		     struct vram_seen *seen, unsigned *n, unsigned max)
+{
+	char path[300], link[256], line[512];
+	struct dirent *de;
+	struct stat st;
+	FILE *maps;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%s/fd", pid);
+	d = opendir(path);
+	while (d && (de = readdir(d))) {
+		ssize_t k;
+
+		snprintf(path, sizeof(path), "/proc/%s/fd/%s", pid, de->d_name);
+		k = readlink(path, link, sizeof(link) - 1);
+		if (k <= 0)
+			continue;
+		link[k] = 0;
+		if (strstr(link, want) && !stat(path, &st))
+			seen_add(seen, n, max, st.st_ino, st.st_size);
+	}
+	if (d)
+		closedir(d);
+	snprintf(path, sizeof(path), "/proc/%s/maps", pid);
+	maps = fopen(path, "re");
+	while (maps && fgets(line, sizeof(line), maps)) {
+		unsigned long long start, end, off;
+		unsigned long ino;
+
+		if (!strstr(line, want) ||
+		    sscanf(line, "%llx-%llx %*s %llx %*s %lu", &start, &end,
+			   &off, &ino) != 4)
+			continue;
+		seen_add(seen, n, max, ino, off + (end - start));
+	}
+	if (maps)
+		fclose(maps);
+}
+
 API CUresult cuMemGetInfo_v2(size_t *fr, size_t *total)
 {
-	*fr = FAKE_TOTAL;
+	static struct vram_seen seen[8192];
+	char want[80];
+	uint64_t used = 0;
+	struct dirent *de;
+	unsigned n = 0, i;
+	DIR *proc;
+
+	/* "/memfd:fake-vram-TAG (deleted)": the space keeps TAG whole */
+	snprintf(want, sizeof(want), "memfd:%s ", vram_name());
+	pthread_mutex_lock(&lock);
+	proc = opendir("/proc");
+	while (proc && (de = readdir(proc)))
+		if (isdigit((unsigned char)de->d_name[0]))
+			scan_pid(de->d_name, want, seen, &n, 8192);
+	if (proc)
+		closedir(proc);
+	for (i = 0; i < n; i++)
+		used += seen[i].size;
+	pthread_mutex_unlock(&lock);
+	*fr = used > FAKE_TOTAL ? 0 : FAKE_TOTAL - used;
 	*total = FAKE_TOTAL;
 	return CUDA_SUCCESS;
 }
@@ -156,13 +266,9 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 
 	if (!size || size % FAKE_GRAN)
 		return CUDA_ERROR_INVALID_VALUE;
-	fd = memfd_create("fake-vram", MFD_CLOEXEC);
+	fd = vram_create(size);
 	if (fd < 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	if (ftruncate(fd, (off_t)size)) {
-		close(fd);
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	}
 	*h = (CUmemGenericAllocationHandle)fd + 1;
 	return CUDA_SUCCESS;
 }
@@ -341,10 +447,10 @@ API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 /* cudaMalloc/cudaFree stand-ins for the tests (not driver API). */
 API int tshm_fake_malloc(void **p, size_t size)
 {
-	int fd = memfd_create("fake-vram", MFD_CLOEXEC);
+	int fd = vram_create(size);
 	void *m;
 
-	if (fd < 0 || ftruncate(fd, (off_t)size))
+	if (fd < 0)
 		return 2;
 	m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (m == MAP_FAILED || add_alloc((uintptr_t)m, size, fd))
