@@ -17,8 +17,13 @@ CUDA_TEST_CFLAGS := $(TEST_CFLAGS) $(CUDA_INC) -Itests/cuda -Wno-sign-compare
 CUDA_FAKE_BIN   := $(CUDA_TEST_B)/test-cuda-fake
 CUDA_FAKE_LIB   := $(CUDA_TEST_B)/libfake-cuda.so
 
-TESTS_BOTH += $(CUDA_TEST_BIN) $(CUDA_FAKE_BIN)
-ALL        += $(CUDA_FAKE_LIB)
+# And that one with ASan+UBSan over the library's sources too (host only).
+CUDA_FAKE_ASAN_B   := $(B)/asan/tests/cuda
+CUDA_FAKE_ASAN_BIN := $(CUDA_FAKE_ASAN_B)/test-cuda-fake
+
+TESTS_BOTH      += $(CUDA_TEST_BIN) $(CUDA_FAKE_BIN)
+TESTS_HOST_ASAN += $(CUDA_FAKE_ASAN_BIN)
+ALL             += $(CUDA_FAKE_LIB) $(CUDA_FAKE_ASAN_BIN)
 
 $(CUDA_TK_OBJ): tests/cuda/tk-kernels.cu tests/cuda/tk-kernels.h
 	@mkdir -p $(@D)
@@ -40,5 +45,16 @@ $(CUDA_FAKE_BIN): tests/cuda/test-cuda.c $(CUDA_HDRS) $(CUDA_A) $(LIB_A) \
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(CUDA_TEST_CFLAGS) -DTSHM_CUDA_FAKE -o $@ $< $(CUDA_A) \
 		$(LIB_A) -ldl $(LDLIBS)
+
+# The binary loads libfake-cuda.so from its own folder.
+$(CUDA_FAKE_ASAN_B)/libfake-cuda.so: $(CUDA_FAKE_LIB)
+	@mkdir -p $(@D)
+	$(Q)cp $< $@
+
+$(CUDA_FAKE_ASAN_BIN): tests/cuda/test-cuda.c $(CUDA_SRCS) $(CUDA_HDRS) \
+		       $(LIB_ASAN_A) | $(CUDA_FAKE_ASAN_B)/libfake-cuda.so
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(CUDA_TEST_CFLAGS) $(SAN_FLAGS) -DTSHM_CUDA_FAKE -o $@ $< \
+		$(CUDA_SRCS) $(LIB_ASAN_A) -ldl $(LDLIBS)
 
 endif

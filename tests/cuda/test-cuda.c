@@ -404,6 +404,76 @@ TEST(vmm_roundtrip)
 }
 
 /*
+ * The producer sends and exits, its context gone, before the consumer
+ * receives: the fd in flight keeps the memory, the consumer reads the
+ * data, and when it lets go the memory goes back (cuMemGetInfo in the
+ * consumer, before and after).
+ */
+TEST(vmm_producer_exits)
+{
+	struct tshm_cuda_chan *ch;
+	struct tshm_ctx *ctx;
+	struct probe pr;
+	size_t size;
+	pid_t pid;
+
+	NEED_GPU(&pr, 1);
+	size = ((FAKE ? 16UL << 20 : 256UL << 20) + pr.gran - 1) / pr.gran *
+		pr.gran;
+	ASSERT_EQ(0, tshm_ctx_open(&ctx, 0));
+	ASSERT_EQ(0, tshm_cuda_chan_create(ctx, 4, 64, &ch));
+	pid = fork();
+	ASSERT_GE(pid, 0);
+	if (pid == 0) {
+		struct tshm_cuda *cu = child_cuda(0);
+		struct tshm_cuda_buf *b;
+		uint64_t seed = 0xe417;
+		int ret;
+
+		ret = tshm_cuda_buf_alloc(cu, ctx, size, &b);
+		CK(!ret, "alloc %d", ret);
+		ret = dev_fill(tshm_cuda_buf_ptr(b), size, seed);
+		CK(!ret, "fill %s", dev_errstr(ret));
+		ret = tshm_cuda_send(ch, b, &seed, sizeof(seed), 5000);
+		CK(!ret, "send %d", ret);
+		tshm_cuda_buf_unref(b);
+		tshm_cuda_close(cu);
+		_exit(0);
+	}
+	ASSERT_EQ(0, exit_code(pid));
+	pid = fork();
+	ASSERT_GE(pid, 0);
+	if (pid == 0) {
+		struct tshm_cuda *cu = child_cuda(0);
+		struct tshm_cuda_stats st;
+		struct tshm_cuda_buf *b;
+		size_t held, after, total;
+		uint64_t s, bad;
+		int ret;
+
+		ret = tshm_cuda_recv(ch, cu, &b, &s, sizeof(s), NULL, 20000);
+		CK(!ret, "recv %d", ret);
+		ret = dev_check(tshm_cuda_buf_ptr(b), size, s, &bad);
+		CK(!ret && !bad, "check: %d, %llu bad", ret,
+		   (unsigned long long)bad);
+		CK(!tshm_cuda_mem_info(cu, &held, &total), "mem info");
+		tshm_cuda_buf_unref(b);
+		tshm_cuda_stats(cu, &st);
+		CK(st.cached == 0 && st.evictions == 1, "import kept");
+		CK(!tshm_cuda_mem_info(cu, &after, &total), "mem info");
+		printf("# free: %zu MiB held, %zu MiB after unref\n",
+		       held >> 20, after >> 20);
+		fflush(stdout);
+		CK(after >= held + size * 3 / 4, "memory not back");
+		tshm_cuda_close(cu);
+		_exit(0);
+	}
+	ASSERT_EQ(0, exit_code(pid));
+	tshm_cuda_chan_destroy(ch);
+	tshm_ctx_close(ctx);
+}
+
+/*
  * The same buffer sent 20 times: the receiver imports it once and hits its
  * cache 19 times (no CUDA call), seeing the new contents each time.
  */
