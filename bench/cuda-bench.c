@@ -29,6 +29,7 @@
 #include <tshm.h>
 #include <tshm-cuda.h>
 
+#include "bench-util.h"
 #include "tk-kernels.h"
 
 enum { OP_TSHM = 1, OP_IPC = 2, OP_QUIT = 3 };
@@ -42,14 +43,6 @@ struct ctl {
 
 static struct tshm_cuda_chan *ch;
 static struct tshm_queue *ctlq, *ackq;
-
-static double now_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
 
 static int cmp_d(const void *a, const void *b)
 {

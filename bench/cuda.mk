@@ -15,9 +15,9 @@ BENCH += $(CUDA_BENCH)
 ALL   += $(CUDA_BENCH)
 
 $(CUDA_BENCH): bench/cuda-bench.c $(CUDA_BENCH_TK) $(CUDA_A) $(LIB_A) \
-	       $(CUDA_HDRS) tests/cuda/tk-kernels.h
+	       $(CUDA_HDRS) tests/cuda/tk-kernels.h bench/bench-util.h
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) $(CUDA_INC) -Itests/cuda -o $@ $< \
+	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) $(CUDA_INC) -Itests/cuda -Ibench -o $@ $< \
 		$(CUDA_BENCH_TK) $(CUDA_A) $(LIB_A) $(CUDART_LIBS) $(LDLIBS)
 
 endif
