@@ -6,6 +6,12 @@
  * segment's release notification says no other process holds it (module:
  * poll on the segment fd; fallback: every lease socket hung up).  Waiting
  * is one poll() over those fds plus an eventfd that local unrefs ring.
+ *
+ * Locking: @lock covers out[] and the scans, never a sleep, so that a
+ * get() with timeout 0 and tshm_pool_available() never wait for another
+ * thread's get().  @wait_lock lets one thread at a time sleep: it alone
+ * drains the eventfd (always before it scans, so a ring after the scan
+ * wakes its poll) and uses pfd[]; other sleepers queue on it.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -20,6 +26,7 @@
 struct tshm_pool {
 	struct tshm_ctx *ctx;
 	pthread_mutex_t lock;
+	pthread_mutex_t wait_lock;
 	int efd;
 	unsigned count;
 	struct tshm_seg **bufs;
@@ -61,6 +68,7 @@ int tshm_pool_create(struct tshm_ctx *ctx, unsigned count, size_t size,
 	pool->ctx = ctx_get(ctx);
 	pool->count = count;
 	pthread_mutex_init(&pool->lock, NULL);
+	pthread_mutex_init(&pool->wait_lock, NULL);
 	for (i = 0; i < count; i++) {
 		ret = tshm_seg_create(ctx, size, name, seg_flags, &pool->bufs[i]);
 		if (ret < 0) {
@@ -98,51 +106,101 @@ static bool pool_is_back(struct tshm_pool *pool, unsigned i)
 	return false;
 }
 
+/* Hand out a buffer that is back, if one is: under pool->lock. */
+static bool pool_take(struct tshm_pool *pool, struct tshm_seg **out)
+{
+	unsigned i;
+
+	for (i = 0; i < pool->count; i++) {
+		if (pool_is_back(pool, i)) {
+			pool->out[i] = true;
+			*out = tshm_seg_ref(pool->bufs[i]);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* What the sleeper polls: the eventfd and the idle buffers' release fds. */
+static unsigned pool_pollfds(struct tshm_pool *pool)
+{
+	unsigned i, n = 1;
+
+	pool->pfd[0].fd = pool->efd;
+	pool->pfd[0].events = POLLIN;
+	for (i = 0; i < pool->count; i++) {
+		if (atomic_load(&pool->bufs[i]->refs) != 1)
+			continue;	/* the eventfd tells */
+		n += seg_release_pollfds(pool->bufs[i], pool->pfd + n,
+					 POOL_PFD_PER_BUF);
+	}
+	return n;
+}
+
+/* pthread_mutex_timedlock() until @dl: 0 or -ETIMEDOUT. */
+static int lock_until(pthread_mutex_t *m, const struct deadline *dl)
+{
+	int ms = deadline_poll_ms(dl);
+	struct timespec ts;
+
+	if (ms < 0)
+		return -pthread_mutex_lock(m);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += ms / 1000;
+	ts.tv_nsec += (long)(ms % 1000) * 1000000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	return pthread_mutex_timedlock(m, &ts) ? -ETIMEDOUT : 0;
+}
+
 TSHM_EXPORT
 int tshm_pool_get(struct tshm_pool *pool, int timeout_ms,
 		  struct tshm_seg **out)
 {
 	struct deadline dl;
+	bool took;
 	uint64_t v;
-	unsigned i, n;
+	unsigned n;
 	int ret;
 
 	if (!pool || !out)
 		return -EINVAL;
 	deadline_init(&dl, timeout_ms);
 	pthread_mutex_lock(&pool->lock);
+	took = pool_take(pool, out);
+	pthread_mutex_unlock(&pool->lock);
+	if (took)
+		return 0;
+	if (deadline_expired(&dl))
+		return deadline_err(&dl);
+	if (lock_until(&pool->wait_lock, &dl))
+		return deadline_err(&dl);
 	for (;;) {
-		for (i = 0; i < pool->count; i++) {
-			if (pool_is_back(pool, i)) {
-				pool->out[i] = true;
-				*out = tshm_seg_ref(pool->bufs[i]);
-				pthread_mutex_unlock(&pool->lock);
-				return 0;
-			}
-		}
-		if (deadline_expired(&dl)) {
-			pthread_mutex_unlock(&pool->lock);
-			return deadline_err(&dl);
-		}
-		pool->pfd[0].fd = pool->efd;
-		pool->pfd[0].events = POLLIN;
-		n = 1;
-		for (i = 0; i < pool->count; i++) {
-			if (atomic_load(&pool->bufs[i]->refs) != 1)
-				continue;	/* the eventfd tells */
-			n += seg_release_pollfds(pool->bufs[i], pool->pfd + n,
-						 POOL_PFD_PER_BUF);
-		}
-		ret = poll(pool->pfd, n, deadline_poll_ms(&dl));
-		if (ret < 0 && errno != EINTR) {
-			ret = -errno;
-			pthread_mutex_unlock(&pool->lock);
-			return ret;
-		}
 		if (read(pool->efd, &v, sizeof(v)) < 0) {
 			/* Nothing pending. */
 		}
+		pthread_mutex_lock(&pool->lock);
+		took = pool_take(pool, out);
+		n = took ? 0 : pool_pollfds(pool);
+		pthread_mutex_unlock(&pool->lock);
+		if (took) {
+			ret = 0;
+			break;
+		}
+		if (deadline_expired(&dl)) {
+			ret = deadline_err(&dl);
+			break;
+		}
+		if (poll(pool->pfd, n, deadline_poll_ms(&dl)) < 0 &&
+		    errno != EINTR) {
+			ret = -errno;
+			break;
+		}
 	}
+	pthread_mutex_unlock(&pool->wait_lock);
+	return ret;
 }
 
 TSHM_EXPORT
@@ -169,6 +227,7 @@ void tshm_pool_destroy(struct tshm_pool *pool)
 		tshm_seg_unref(pool->bufs[i]);
 	}
 	close(pool->efd);
+	pthread_mutex_destroy(&pool->wait_lock);
 	pthread_mutex_destroy(&pool->lock);
 	ctx_put(pool->ctx);
 	free(pool->pfd);

@@ -2,6 +2,7 @@
 /*
  * Buffer pools, events and barriers across processes.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
 
@@ -175,6 +176,51 @@ TEST_F(sync, pool)
 	tshm_queue_unref(q);
 	tshm_pool_destroy(pool);
 	tshm_pool_destroy(NULL);
+}
+
+struct pool_waiter {
+	struct tshm_pool *pool;
+	struct tshm_seg *got;
+	int ret;
+	_Atomic int started;
+};
+
+static void *pool_wait_thread(void *arg)
+{
+	struct pool_waiter *w = arg;
+
+	atomic_store(&w->started, 1);
+	w->ret = tshm_pool_get(w->pool, 20000, &w->got);
+	return NULL;
+}
+
+/*
+ * A thread asleep in get() holds up nobody: get() with timeout 0 and
+ * available() answer while it sleeps, and it still gets the buffer when
+ * it comes back (before, they waited on the lock the sleeper held across
+ * its poll(), so the sleeper's 20 s ran out first).
+ */
+TEST_F(sync, pool_waiter_blocks_nobody)
+{
+	struct pool_waiter w = { 0 };
+	struct tshm_seg *a, *c;
+	pthread_t th;
+
+	ASSERT_EQ(0, tshm_pool_create(self->ctx, 1, 4096, "pool", 0, &w.pool));
+	ASSERT_EQ(0, tshm_pool_get(w.pool, 0, &a));
+	ASSERT_EQ(0, pthread_create(&th, NULL, pool_wait_thread, &w));
+	while (!atomic_load(&w.started))
+		usleep(1000);
+	usleep(50000);		/* asleep in poll() by now */
+	EXPECT_EQ(-EAGAIN, tshm_pool_get(w.pool, 0, &c));
+	EXPECT_EQ(0, tshm_pool_available(w.pool));
+	EXPECT_EQ(-ETIMEDOUT, tshm_pool_get(w.pool, 100, &c));
+	tshm_seg_unref(a);
+	ASSERT_EQ(0, pthread_join(th, NULL));
+	ASSERT_EQ(0, w.ret);
+	EXPECT_EQ(a, w.got);
+	tshm_seg_unref(w.got);
+	tshm_pool_destroy(w.pool);
 }
 
 TSHM_TEST_MAIN(NULL)
