@@ -57,7 +57,7 @@ int tshm_cuda_buf_alloc(struct tshm_cuda *cu, struct tshm_ctx *ctx,
 	if (!out || !cu || !ctx)
 		return -EINVAL;
 	*out = NULL;
-	if (!cu->vmm) {
+	if (!cu->gran) {
 		tcu_err("device %d cannot export VMM memory as fds; use "
 			"tshm_cuda_buf_wrap()", cu->ordinal);
 		return -EOPNOTSUPP;
@@ -183,26 +183,29 @@ struct tshm_cuda_buf *tcu_buf_ref(struct tshm_cuda_buf *b)
 
 static void buf_free(struct tshm_cuda_buf *b)
 {
-	if (b->producer) {
-		tcu_alloc_put(b->alloc);	/* NULL for legacy */
-		if (b->pool)
-			tcu_pool_put(b->pool);
-	} else if (b->imp) {
-		tcu_import_put(b->cu, b->imp);
+	struct tshm_cuda_pool *pool = b->pool;
+	struct tshm_seg *lease = b->lease;
+
+	if (pool) {
+		/*
+		 * The object stays in the pool; once the lease is unref'd
+		 * another get() may hand the buffer out again.
+		 */
+		b->lease = NULL;
+		tshm_seg_unref(lease);
+		tcu_pool_put(pool);
+		return;
 	}
-	tshm_seg_unref(b->lease);
+	if (b->producer)
+		tcu_alloc_put(b->alloc);	/* NULL for legacy */
+	else if (b->imp)
+		tcu_import_put(b->cu, b->imp);
+	tshm_seg_unref(lease);
 	free(b);
 }
 
 void tshm_cuda_buf_unref(struct tshm_cuda_buf *b)
 {
-	int old;
-
-	if (!b)
-		return;
-	old = atomic_fetch_sub(&b->refs, 1);
-	if (old == 1)
+	if (b && atomic_fetch_sub(&b->refs, 1) == 1)
 		buf_free(b);
-	else if (old == 2 && b->pool)
-		tcu_pool_buf_back(b->pool);	/* only the pool holds it */
 }

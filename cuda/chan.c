@@ -27,7 +27,6 @@
 
 #include "cuda-private.h"
 
-#define CHAN_MAGIC	0x74636368U
 #define CHAN_MAX_MSG	(1U << 20)
 
 int tshm_cuda_chan_create(struct tshm_ctx *ctx, unsigned capacity,
@@ -63,7 +62,6 @@ int tshm_cuda_chan_create(struct tshm_ctx *ctx, unsigned capacity,
 	pthread_mutex_init(&ch->sh->recv_lock, &ma);
 	pthread_mutexattr_destroy(&ma);
 	ch->sh->next_seq = 1;
-	ch->sh->magic = CHAN_MAGIC;
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ch->sock)) {
 		ret = -errno;
 		goto err_shm;
@@ -217,13 +215,11 @@ int tcu_take_fd(int sock, uint64_t seq, uint64_t alloc_id, int *fdp)
 	}
 }
 
-static struct tcu_wire *wire_make(const struct tshm_cuda_buf *b,
-				  const void *msg, size_t len)
+/* Fill @w (room for the payload after it) for @b. */
+static void wire_fill(struct tcu_wire *w, const struct tshm_cuda_buf *b,
+		      const void *msg, size_t len)
 {
-	struct tcu_wire *w = calloc(1, sizeof(*w) + len);
-
-	if (!w)
-		return NULL;
+	memset(w, 0, sizeof(*w));
 	w->magic = TCU_WIRE_MAGIC;
 	w->kind = (uint8_t)b->kind;
 	w->id = b->id;
@@ -242,13 +238,13 @@ static struct tcu_wire *wire_make(const struct tshm_cuda_buf *b,
 	w->len = (uint32_t)len;
 	if (len)
 		memcpy(w + 1, msg, len);
-	return w;
 }
 
 int tshm_cuda_send(struct tshm_cuda_chan *ch, struct tshm_cuda_buf *b,
 		   const void *msg, size_t len, int timeout_ms)
 {
 	int64_t deadline = tcu_deadline(timeout_ms);
+	union tcu_wire_buf stack;
 	struct tshm_seg *segs[2];
 	struct tcu_fd_msg fm;
 	struct tcu_wire *w;
@@ -266,9 +262,10 @@ int tshm_cuda_send(struct tshm_cuda_chan *ch, struct tshm_cuda_buf *b,
 			"producer's buffer");
 		return -EOPNOTSUPP;
 	}
-	w = wire_make(b, msg, len);
+	w = tcu_wire_buf(&stack, sizeof(*w) + len);
 	if (!w)
 		return -ENOMEM;
+	wire_fill(w, b, msg, len);
 	segs[0] = b->lease;
 	if (b->kind == TSHM_CUDA_LEGACY) {
 		ret = tshm_queue_send(ch->q, w, sizeof(*w) + len, segs, 1,
@@ -287,6 +284,6 @@ int tshm_cuda_send(struct tshm_cuda_chan *ch, struct tshm_cuda_buf *b,
 				      tcu_left_ms(deadline));
 	pthread_mutex_unlock(&ch->sh->send_lock);
 out:
-	free(w);
+	tcu_wire_buf_free(&stack, w);
 	return ret;
 }

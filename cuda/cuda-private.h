@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <cuda.h>
 
@@ -116,8 +117,7 @@ struct tshm_cuda {
 	int ordinal;
 	CUcontext ctx;
 	CUuuid uuid;
-	bool vmm;
-	size_t gran;
+	size_t gran;			/* VMM fd export: 0 when unsupported */
 	pthread_mutex_t lock;		/* cache and st */
 	struct tcu_import *cache;
 	struct tshm_cuda_stats st;
@@ -168,7 +168,7 @@ struct tshm_cuda_buf {
 	uint64_t off;			/* in the allocation or IPC mapping */
 	size_t alloc_size;		/* producer, legacy: the allocation */
 	struct tshm_seg *lease;
-	struct tcu_alloc *alloc;	/* producer, VMM */
+	struct tcu_alloc *alloc;	/* producer, VMM (a pool's: not held) */
 	struct tshm_cuda_pool *pool;	/* producer, a pool's buffer */
 	CUipcMemHandle ipc;		/* producer, legacy */
 	struct tcu_import *imp;		/* receiver */
@@ -180,8 +180,7 @@ int tcu_buf_new(struct tshm_cuda *cu, struct tshm_ctx *ctx,
 		enum tshm_cuda_kind kind, struct tshm_cuda_buf **out);
 struct tshm_cuda_buf *tcu_buf_ref(struct tshm_cuda_buf *b);
 
-/* pool.c: a pool buffer's last user reference went (only the pool's is left). */
-void tcu_pool_buf_back(struct tshm_cuda_pool *pool);
+/* pool.c: a pool buffer came back (its lease is unref'd): drop its hold. */
 void tcu_pool_put(struct tshm_cuda_pool *pool);
 
 /* ---- channels (chan.c, recv.c) ---- */
@@ -206,6 +205,29 @@ struct tcu_wire {
 	uint32_t pad2;
 };
 
+/*
+ * Room for a message with a small payload on the stack: send and receive
+ * allocate only when the channel's max_msg does not fit.
+ */
+union tcu_wire_buf {
+	struct tcu_wire w;
+	char bytes[512];
+};
+
+/* A message buffer of @len bytes: @stack when it fits, else the heap. */
+static inline struct tcu_wire *tcu_wire_buf(union tcu_wire_buf *stack,
+					    size_t len)
+{
+	return len <= sizeof(*stack) ? &stack->w : malloc(len);
+}
+
+static inline void tcu_wire_buf_free(union tcu_wire_buf *stack,
+				     struct tcu_wire *w)
+{
+	if (w != &stack->w)
+		free(w);
+}
+
 /* The datagram that carries a VMM allocation's fd (SCM_RIGHTS). */
 struct tcu_fd_msg {
 	uint64_t seq;
@@ -213,8 +235,6 @@ struct tcu_fd_msg {
 };
 
 struct tcu_chan_shared {
-	uint32_t magic;
-	uint32_t pad;
 	pthread_mutex_t send_lock;	/* robust, process-shared */
 	pthread_mutex_t recv_lock;
 	uint64_t next_seq;

@@ -77,7 +77,6 @@ int tshm_cuda_open(int ordinal, struct tshm_cuda **out)
 	if (ret)
 		goto err_release;
 	cu->gran = vmm_granularity(cu->dev);
-	cu->vmm = cu->gran != 0;
 	*out = cu;
 	return 0;
 
@@ -143,12 +142,12 @@ int tshm_cuda_check_uuid(struct tshm_cuda *cu, const uint8_t uuid[16])
 
 int tshm_cuda_vmm_supported(struct tshm_cuda *cu)
 {
-	return cu->vmm;
+	return cu->gran != 0;
 }
 
 int64_t tshm_cuda_granularity(struct tshm_cuda *cu)
 {
-	if (!cu->vmm) {
+	if (!cu->gran) {
 		tcu_err("device %d cannot export VMM memory as fds",
 			cu->ordinal);
 		return -EOPNOTSUPP;

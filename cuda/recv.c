@@ -13,8 +13,11 @@
 #include "cuda-private.h"
 
 /* A message this library sent, whole and self-consistent. */
-static bool wire_ok(const struct tcu_wire *w, size_t got, unsigned nsegs)
+static bool wire_ok(const struct tcu_wire *w, size_t got,
+		    struct tshm_seg **segs, unsigned nsegs)
 {
+	const struct tcu_anchor *an;
+
 	if (got < sizeof(*w) || w->magic != TCU_WIRE_MAGIC ||
 	    got != sizeof(*w) + w->len || w->nsegs != nsegs)
 		return false;
@@ -24,8 +27,15 @@ static bool wire_ok(const struct tcu_wire *w, size_t got, unsigned nsegs)
 		return false;
 	if (w->kind != TSHM_CUDA_VMM && w->kind != TSHM_CUDA_LEGACY)
 		return false;
-	return w->size && w->size <= w->alloc_size &&
-		w->off <= w->alloc_size - w->size;
+	if (!w->size || w->size > w->alloc_size ||
+	    w->off > w->alloc_size - w->size)
+		return false;
+	if (w->kind == TSHM_CUDA_LEGACY)
+		return true;
+	/* the anchor is the allocation's */
+	an = tshm_seg_data(segs[1]);
+	return tshm_seg_size(segs[1]) >= sizeof(*an) &&
+		an->magic == TCU_ANCHOR_MAGIC && an->alloc_id == w->alloc_id;
 }
 
 int tshm_cuda_recv(struct tshm_cuda_chan *ch, struct tshm_cuda *cu,
@@ -34,6 +44,7 @@ int tshm_cuda_recv(struct tshm_cuda_chan *ch, struct tshm_cuda *cu,
 {
 	int64_t deadline = tcu_deadline(timeout_ms);
 	size_t wlen, got = 0;
+	union tcu_wire_buf stack;
 	struct tshm_seg *segs[TSHM_QUEUE_MAX_SEGS];
 	unsigned nsegs = TSHM_QUEUE_MAX_SEGS, i;
 	struct tshm_cuda_buf *b = NULL;
@@ -45,7 +56,7 @@ int tshm_cuda_recv(struct tshm_cuda_chan *ch, struct tshm_cuda *cu,
 		return -EINVAL;
 	*out = NULL;
 	wlen = sizeof(*w) + ch->max_msg;
-	w = malloc(wlen);
+	w = tcu_wire_buf(&stack, wlen);
 	if (!w)
 		return -ENOMEM;
 	ret = tcu_lock(&ch->sh->recv_lock, timeout_ms);
@@ -57,7 +68,7 @@ int tshm_cuda_recv(struct tshm_cuda_chan *ch, struct tshm_cuda *cu,
 		pthread_mutex_unlock(&ch->sh->recv_lock);
 		goto out_free;
 	}
-	if (!wire_ok(w, got, nsegs)) {
+	if (!wire_ok(w, got, segs, nsegs)) {
 		pthread_mutex_unlock(&ch->sh->recv_lock);
 		tcu_err("not a tshm-cuda message (%zu bytes, %u segments)",
 			got, nsegs);
@@ -80,7 +91,7 @@ int tshm_cuda_recv(struct tshm_cuda_chan *ch, struct tshm_cuda *cu,
 	if (ret)
 		goto out_segs;
 	if (w->kind == TSHM_CUDA_VMM &&
-	    (!cu->vmm || w->alloc_size % cu->gran)) {
+	    (!cu->gran || w->alloc_size % cu->gran)) {
 		tcu_err("allocation of %llu bytes cannot be mapped here "
 			"(granularity %zu)", (unsigned long long)w->alloc_size,
 			cu->gran);
@@ -123,6 +134,6 @@ out_segs:
 		if (segs[i])
 			tshm_seg_unref(segs[i]);
 out_free:
-	free(w);
+	tcu_wire_buf_free(&stack, w);
 	return ret;
 }

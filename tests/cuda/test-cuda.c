@@ -187,6 +187,14 @@ static void probe_gpu(struct probe *pr)
 			     "POSIX fds");				\
 	} while (0)
 
+/* A buffer big enough to see in cuMemGetInfo: 256 MiB (16 on the fake). */
+static size_t big_size(const struct probe *pr)
+{
+	size_t want = FAKE ? 16UL << 20 : 256UL << 20;
+
+	return (want + pr->gran - 1) / pr->gran * pr->gran;
+}
+
 /* In child processes: report and exit non-zero. */
 #define CK(cond, ...) do {						\
 		if (!(cond)) {						\
@@ -418,8 +426,7 @@ TEST(vmm_producer_exits)
 	pid_t pid;
 
 	NEED_GPU(&pr, 1);
-	size = ((FAKE ? 16UL << 20 : 256UL << 20) + pr.gran - 1) / pr.gran *
-		pr.gran;
+	size = big_size(&pr);
 	ASSERT_EQ(0, tshm_ctx_open(&ctx, 0));
 	ASSERT_EQ(0, tshm_cuda_chan_create(ctx, 4, 64, &ch));
 	pid = fork();
@@ -560,8 +567,7 @@ TEST(vmm_consumer_killed)
 	int i;
 
 	NEED_GPU(&pr, 1);
-	size = ((FAKE ? 16UL << 20 : 256UL << 20) + pr.gran - 1) / pr.gran *
-		pr.gran;
+	size = big_size(&pr);
 	ASSERT_EQ(0, tshm_ctx_open(&ctx, 0));
 	ASSERT_EQ(0, tshm_cuda_chan_create(ctx, 4, 64, &ch));
 	ASSERT_NE(NULL, sh = shared_create(ctx, &seg));
