@@ -27,6 +27,16 @@
 
 #include "tshm-cuda.h"
 
+/* ---- fork (fork.c): process-local locks held across fork() ---- */
+
+struct tcu_fork_node {
+	struct tcu_fork_node *prev, *next;
+	pthread_mutex_t *lock;
+};
+
+void tcu_fork_register(struct tcu_fork_node *n, pthread_mutex_t *lock);
+void tcu_fork_unregister(struct tcu_fork_node *n);
+
 /* ---- the driver, loaded at run time (driver.c) ---- */
 
 #define TCU_FN(name)	__typeof__(&name) name
@@ -119,6 +129,7 @@ struct tshm_cuda {
 	CUuuid uuid;
 	size_t gran;			/* VMM fd export: 0 when unsupported */
 	pthread_mutex_t lock;		/* cache and st */
+	struct tcu_fork_node fork;
 	struct tcu_import *cache;
 	struct tshm_cuda_stats st;
 };

@@ -77,6 +77,7 @@ int tshm_cuda_open(int ordinal, struct tshm_cuda **out)
 	if (ret)
 		goto err_release;
 	cu->gran = vmm_granularity(cu->dev);
+	tcu_fork_register(&cu->fork, &cu->lock);
 	*out = cu;
 	return 0;
 
@@ -104,6 +105,7 @@ void tshm_cuda_close(struct tshm_cuda *cu)
 		next = imp->next;
 		tcu_import_drop(cu, imp);
 	}
+	tcu_fork_unregister(&cu->fork);
 	tcu.cuDevicePrimaryCtxRelease(cu->dev);
 	pthread_mutex_destroy(&cu->lock);
 	free(cu);

@@ -37,6 +37,7 @@ struct tshm_cuda_pool {
 	struct tcu_alloc *alloc;
 	unsigned count;
 	pthread_mutex_t slot_lock;	/* slot_lease[] and next_slot */
+	struct tcu_fork_node fork;
 	unsigned next_slot;		/* slots given to leases so far */
 	struct tshm_seg **slot_lease;	/* slot -> its lease */
 	struct tshm_cuda_buf bufs[];
@@ -46,6 +47,7 @@ void tcu_pool_put(struct tshm_cuda_pool *p)
 {
 	if (atomic_fetch_sub(&p->refs, 1) != 1)
 		return;
+	tcu_fork_unregister(&p->fork);
 	tshm_pool_destroy(p->leases);
 	tcu_alloc_put(p->alloc);
 	pthread_mutex_destroy(&p->slot_lock);
@@ -114,6 +116,7 @@ int tshm_cuda_pool_create(struct tshm_cuda *cu, struct tshm_ctx *ctx,
 		b->ptr = p->alloc->ptr + b->off;
 		b->size = size;
 	}
+	tcu_fork_register(&p->fork, &p->slot_lock);
 	*out = p;
 	return 0;
 

@@ -39,12 +39,55 @@ const char *tshm_strerror(int err)
 		return "timed out";
 	case EAGAIN:
 		return "would block";
+	case EINTR:
+		return "interrupted by a signal (tshm_thread_set_intr)";
 	case ENOTRECOVERABLE:
 		return "queue lock not recoverable";
 	case ENOENT:
 		return "no such segment or no grant for it in this context";
 	default:
 		return strerror(err);
+	}
+}
+
+/*
+ * Before fork(): the context's locks and the lease lock of every segment
+ * in its cache (every segment object of the context is there until it is
+ * destroyed), in the order the library nests them.
+ */
+static void ctx_fork_prepare(struct fork_node *n)
+{
+	struct tshm_ctx *ctx = container_of(n, struct tshm_ctx, fork);
+	struct tshm_seg *seg;
+	unsigned b;
+
+	pthread_mutex_lock(&ctx->lock);
+	pthread_mutex_lock(&ctx->qlock);
+	for (b = 0; b < TSHM_CACHE_BUCKETS; b++)
+		for (seg = ctx->cache[b]; seg; seg = seg->hnext)
+			pthread_mutex_lock(&seg->lease_lock);
+}
+
+static void ctx_fork_release(struct fork_node *n, bool child)
+{
+	struct tshm_ctx *ctx = container_of(n, struct tshm_ctx, fork);
+	struct tshm_seg *seg;
+	unsigned b;
+
+	for (b = 0; b < TSHM_CACHE_BUCKETS; b++) {
+		for (seg = ctx->cache[b]; seg; seg = seg->hnext) {
+			if (child)
+				pthread_mutex_init(&seg->lease_lock, NULL);
+			else
+				pthread_mutex_unlock(&seg->lease_lock);
+		}
+	}
+	if (child) {
+		pthread_mutex_init(&ctx->qlock, NULL);
+		pthread_mutex_init(&ctx->lock, NULL);
+	} else {
+		pthread_mutex_unlock(&ctx->qlock);
+		pthread_mutex_unlock(&ctx->lock);
 	}
 }
 
@@ -69,6 +112,9 @@ static int ctx_new(int fd, enum tshm_backend backend, struct tshm_ctx **out)
 	ctx->page_size = sysconf(_SC_PAGESIZE);
 	pthread_mutex_init(&ctx->lock, NULL);
 	pthread_mutex_init(&ctx->qlock, NULL);
+	ctx->fork.prepare = ctx_fork_prepare;
+	ctx->fork.release = ctx_fork_release;
+	fork_register(&ctx->fork, FORK_CTX);
 	*out = ctx;
 	return 0;
 }
@@ -178,6 +224,7 @@ void ctx_put(struct tshm_ctx *ctx)
 {
 	if (atomic_fetch_sub_explicit(&ctx->refs, 1, memory_order_acq_rel) != 1)
 		return;
+	fork_unregister(&ctx->fork);
 	close(ctx->fd);
 	munmap((void *)ctx->mark, sysconf(_SC_PAGESIZE));
 	pthread_mutex_destroy(&ctx->lock);

@@ -2,14 +2,14 @@
 # libtshm: shared (libtshm.so.0, versioned symbols) and static, plus the
 # pkg-config file.  Every lib/*.c is part of the library.
 
-LIB_VERSION  := 0.1
+LIB_VERSION  := 0.3
 LIB_B        := $(B)/lib
 LIB_SRCS     := $(sort $(wildcard lib/*.c))
 LIB_HDRS     := lib/include/tshm.h $(wildcard lib/*.h) \
 		kmod/include/uapi/linux/tshm.h
 LIB_OBJS     := $(patsubst lib/%.c,$(LIB_B)/obj/%.o,$(LIB_SRCS))
 LIB_SONAME   := libtshm.so.0
-LIB_SO       := $(LIB_B)/libtshm.so.0.1
+LIB_SO       := $(LIB_B)/libtshm.so.$(LIB_VERSION)
 LIB_A        := $(LIB_B)/libtshm.a
 LIB_PC       := $(LIB_B)/tshm.pc
 LIB_LDLIBS   := -lpthread

@@ -26,13 +26,32 @@
 struct tshm_pool {
 	struct tshm_ctx *ctx;
 	pthread_mutex_t lock;
-	pthread_mutex_t wait_lock;
+	struct tlock wait_lock;
 	int efd;
 	unsigned count;
 	struct tshm_seg **bufs;
 	bool *out;
 	struct pollfd *pfd;
+	struct fork_node fork;
 };
+
+static void pool_fork_prepare(struct fork_node *n)
+{
+	pthread_mutex_lock(&container_of(n, struct tshm_pool, fork)->lock);
+}
+
+/* @wait_lock is not taken: a sleeper holds it (see fork.c). */
+static void pool_fork_release(struct fork_node *n, bool child)
+{
+	struct tshm_pool *pool = container_of(n, struct tshm_pool, fork);
+
+	if (child) {
+		pthread_mutex_init(&pool->lock, NULL);
+		atomic_store(&pool->wait_lock.word, 0);
+	} else {
+		pthread_mutex_unlock(&pool->lock);
+	}
+}
 
 void pool_notify(struct tshm_pool *pool)
 {
@@ -68,7 +87,9 @@ int tshm_pool_create(struct tshm_ctx *ctx, unsigned count, size_t size,
 	pool->ctx = ctx_get(ctx);
 	pool->count = count;
 	pthread_mutex_init(&pool->lock, NULL);
-	pthread_mutex_init(&pool->wait_lock, NULL);
+	pool->fork.prepare = pool_fork_prepare;
+	pool->fork.release = pool_fork_release;
+	fork_register(&pool->fork, FORK_POOL);
 	for (i = 0; i < count; i++) {
 		ret = tshm_seg_create(ctx, size, name, seg_flags, &pool->bufs[i]);
 		if (ret < 0) {
@@ -137,24 +158,6 @@ static unsigned pool_pollfds(struct tshm_pool *pool)
 	return n;
 }
 
-/* pthread_mutex_timedlock() until @dl: 0 or -ETIMEDOUT. */
-static int lock_until(pthread_mutex_t *m, const struct deadline *dl)
-{
-	int ms = deadline_poll_ms(dl);
-	struct timespec ts;
-
-	if (ms < 0)
-		return -pthread_mutex_lock(m);
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += ms / 1000;
-	ts.tv_nsec += (long)(ms % 1000) * 1000000;
-	if (ts.tv_nsec >= 1000000000) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000;
-	}
-	return pthread_mutex_timedlock(m, &ts) ? -ETIMEDOUT : 0;
-}
-
 TSHM_EXPORT
 int tshm_pool_get(struct tshm_pool *pool, int timeout_ms,
 		  struct tshm_seg **out)
@@ -175,8 +178,9 @@ int tshm_pool_get(struct tshm_pool *pool, int timeout_ms,
 		return 0;
 	if (deadline_expired(&dl))
 		return deadline_err(&dl);
-	if (lock_until(&pool->wait_lock, &dl))
-		return deadline_err(&dl);
+	ret = tlock_lock(&pool->wait_lock, &dl);
+	if (ret < 0)
+		return ret;
 	for (;;) {
 		if (read(pool->efd, &v, sizeof(v)) < 0) {
 			/* Nothing pending. */
@@ -193,13 +197,11 @@ int tshm_pool_get(struct tshm_pool *pool, int timeout_ms,
 			ret = deadline_err(&dl);
 			break;
 		}
-		if (poll(pool->pfd, n, deadline_poll_ms(&dl)) < 0 &&
-		    errno != EINTR) {
-			ret = -errno;
+		ret = wait_poll(pool->pfd, n, &dl);
+		if (ret < 0)
 			break;
-		}
 	}
-	pthread_mutex_unlock(&pool->wait_lock);
+	tlock_unlock(&pool->wait_lock);
 	return ret;
 }
 
@@ -222,12 +224,12 @@ void tshm_pool_destroy(struct tshm_pool *pool)
 
 	if (!pool)
 		return;
+	fork_unregister(&pool->fork);
 	for (i = 0; i < pool->count; i++) {
 		atomic_store(&pool->bufs[i]->pool, NULL);
 		tshm_seg_unref(pool->bufs[i]);
 	}
 	close(pool->efd);
-	pthread_mutex_destroy(&pool->wait_lock);
 	pthread_mutex_destroy(&pool->lock);
 	ctx_put(pool->ctx);
 	free(pool->pfd);

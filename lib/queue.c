@@ -34,11 +34,12 @@
 #include "tshm-private.h"
 
 #define QUEUE_MAGIC		0x51485354U	/* "TSHQ" */
-#define QUEUE_VERSION		2
+#define QUEUE_VERSION		3
 #define QUEUE_MAX_CAPACITY	65536U
 #define QUEUE_MAX_MSG		(16UL << 20)
 #define QUEUE_MAX_RING		(1UL << 30)
 #define QUEUE_SPIN_US		50
+#define QUEUE_LOCK_SPINS	64
 #define QUEUE_SNDBUF		(8 << 20)
 #define CACHELINE		64
 /* Module: the spare-grant table (Documentation/lib/queue.rst). */
@@ -69,17 +70,31 @@ struct qhdr {
 
 	/* The lock and the state only its holder changes. */
 	pthread_mutex_t lock __attribute__((aligned(CACHELINE)));
+	/*
+	 * Waiting for the lock: @lockseq moves at every unlock; @lockwait is
+	 * set by a sleeper and cleared by the unlocker that wakes it.  The
+	 * sleeps are sliced, so a holder that dies (no unlock, no wake) is
+	 * noticed by the next trylock (EOWNERDEAD) within a slice.
+	 */
+	_Atomic uint32_t lockseq;
+	_Atomic uint32_t lockwait;
 	_Atomic uint32_t closed;
 	uint64_t tag;			/* fallback: last socket tag used */
 
 	_Atomic uint64_t head __attribute__((aligned(CACHELINE)));
 	_Atomic uint64_t tail __attribute__((aligned(CACHELINE)));
 
-	/* Futex words: bumped after every publish / consume / close. */
+	/*
+	 * Futex words: bumped after every publish / consume / close.  The
+	 * waiters words are a flag, not a count: a sleeper sets it, the waker
+	 * that finds it set clears it and wakes everyone, and the sleepers
+	 * that must sleep again set it again.  One that dies asleep leaves at
+	 * most one needless wake-up behind.
+	 */
 	_Atomic uint32_t pub __attribute__((aligned(CACHELINE)));
-	_Atomic uint32_t rwait;		/* receivers asleep on @pub */
+	_Atomic uint32_t rwait;		/* receivers may sleep on @pub */
 	_Atomic uint32_t con __attribute__((aligned(CACHELINE)));
-	_Atomic uint32_t swait;		/* senders asleep on @con */
+	_Atomic uint32_t swait;		/* senders may sleep on @con */
 
 	/* Module: spare grants, changed under @lock only. */
 	struct qspare spare[QUEUE_SPARES] __attribute__((aligned(CACHELINE)));
@@ -206,17 +221,19 @@ static bool q_spare_put(struct tshm_queue *q, uint64_t id)
 	return true;
 }
 
-static int q_lock(struct tshm_queue *q);
+static int q_lock(struct tshm_queue *q, const struct deadline *dl);
 static void q_unlock(struct tshm_queue *q, bool recovered);
 
 /* Give back the grants parked for @id in @q's table. */
 static void q_reclaim_spares(struct tshm_queue *q, uint64_t id)
 {
 	struct qspare *e;
+	struct deadline dl;
 	uint32_t n = 0;
 	int ret;
 
-	ret = q_lock(q);
+	deadline_init(&dl, -1);
+	ret = q_lock(q, &dl);
 	if (ret < 0)
 		return;
 	e = q_spare_find(q, id);
@@ -270,36 +287,63 @@ void ctx_reclaim_spares(struct tshm_ctx *ctx, uint64_t id)
 
 /* ---- locking and waiting ---- */
 
-/* 0 locked, 1 locked after a dead holder, < 0 error. */
-static int q_lock(struct tshm_queue *q)
+/*
+ * 0 locked, 1 locked after a dead holder, < 0: -EAGAIN / -ETIMEDOUT at @dl,
+ * -EINTR, or the lock's error.  Never pthread_mutex_lock(): its wait
+ * honours neither a deadline nor a signal, and the holder may be a stopped
+ * process.
+ */
+static int q_lock(struct tshm_queue *q, const struct deadline *dl)
 {
-	int ret = pthread_mutex_lock(&q->hdr->lock);
+	struct qhdr *hdr = q->hdr;
+	uint32_t seen;
+	unsigned i;
+	int ret;
 
-	if (likely(ret == 0))
-		return 0;
-	if (ret == EOWNERDEAD) {
-		/*
-		 * The holder died inside send or recv.  Its changes commit
-		 * with one store to head or tail, and nothing it wrote past
-		 * them is visible, so the ring is consistent as it is.
-		 */
-		pthread_mutex_consistent(&q->hdr->lock);
-		return 1;
+	for (i = 0;; i++) {
+		seen = atomic_load(&hdr->lockseq);
+		ret = pthread_mutex_trylock(&hdr->lock);
+		if (likely(ret == 0))
+			return 0;
+		if (ret == EOWNERDEAD) {
+			/*
+			 * The holder died inside send or recv.  Its changes
+			 * commit with one store to head or tail, and nothing
+			 * it wrote past them is visible, so the ring is
+			 * consistent as it is.
+			 */
+			pthread_mutex_consistent(&hdr->lock);
+			return 1;
+		}
+		if (ret != EBUSY)
+			return -ret;
+		if (i < QUEUE_LOCK_SPINS) {
+			cpu_relax();
+			continue;
+		}
+		if (deadline_expired(dl))
+			return deadline_err(dl);
+		atomic_store(&hdr->lockwait, 1);
+		if (atomic_load(&hdr->lockseq) != seen)
+			continue;
+		ret = futex_wait_slice(&hdr->lockseq, seen, dl);
+		if (ret == -EINTR)
+			return ret;
 	}
-	return -ret;
 }
 
 static void q_wake(_Atomic uint32_t *word, _Atomic uint32_t *waiters,
 		   bool force)
 {
 	atomic_fetch_add(word, 1);
-	if (force || atomic_load(waiters))
+	if (force || (atomic_load(waiters) && atomic_exchange(waiters, 0)))
 		futex_wake_all(word);
 }
 
 static void q_unlock(struct tshm_queue *q, bool recovered)
 {
 	pthread_mutex_unlock(&q->hdr->lock);
+	q_wake(&q->hdr->lockseq, &q->hdr->lockwait, false);
 	if (unlikely(recovered)) {
 		/* The dead holder may have owed someone a wake-up. */
 		q_wake(&q->hdr->pub, &q->hdr->rwait, true);
@@ -307,13 +351,16 @@ static void q_unlock(struct tshm_queue *q, bool recovered)
 	}
 }
 
-/* Wait until *@word moves from @seen: 0, or -EAGAIN / -ETIMEDOUT. */
+/*
+ * Wait until *@word moves from @seen, or for one sleep slice: 0 (the caller
+ * re-checks the ring), -EAGAIN / -ETIMEDOUT, -EINTR.  The slice is what
+ * makes a waker that died between its commit and its wake-up harmless.
+ */
 static int q_wait(struct tshm_queue *q, _Atomic uint32_t *word, uint32_t seen,
 		  _Atomic uint32_t *waiters, const struct deadline *dl)
 {
 	int64_t until, t;
 	unsigned i = 0;
-	int ret;
 
 	if (dl->nowait)
 		return -EAGAIN;
@@ -338,10 +385,10 @@ static int q_wait(struct tshm_queue *q, _Atomic uint32_t *word, uint32_t seen,
 			}
 		}
 	}
-	atomic_fetch_add(waiters, 1);
-	ret = futex_wait_until(word, seen, dl);
-	atomic_fetch_sub(waiters, 1);
-	return ret;
+	atomic_store(waiters, 1);
+	if (atomic_load(word) != seen)
+		return 0;
+	return futex_wait_slice(word, seen, dl);
 }
 
 /* ---- backend halves of send and receive ---- */
@@ -589,7 +636,7 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 	hdr = q->hdr;
 	deadline_init(&dl, timeout_ms);
 	for (;;) {
-		ret = q_lock(q);
+		ret = q_lock(q, &dl);
 		if (ret < 0)
 			return ret;
 		recovered = ret;
@@ -614,11 +661,12 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 			if (ret != -EAGAIN)
 				return ret;
 			/* The fallback's socket is full: wait for room. */
-			ret = deadline_poll_ms(&dl);
-			if (ret == 0)
+			if (deadline_expired(&dl))
 				return deadline_err(&dl);
-			poll(&(struct pollfd){ .fd = q->sfd[0],
-					       .events = POLLOUT }, 1, ret);
+			ret = wait_poll(&(struct pollfd){ .fd = q->sfd[0],
+						.events = POLLOUT }, 1, &dl);
+			if (ret < 0)
+				return ret;
 			continue;
 		}
 		q_unlock(q, recovered);
@@ -661,7 +709,7 @@ int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 	deadline_init(&dl, timeout_ms);
 again:
 	for (;;) {
-		ret = q_lock(q);
+		ret = q_lock(q, &dl);
 		if (ret < 0)
 			return ret;
 		recovered = ret;
@@ -750,11 +798,13 @@ consume:
 TSHM_EXPORT
 int tshm_queue_close(struct tshm_queue *q)
 {
+	struct deadline dl;
 	int ret;
 
 	if (!q)
 		return -EINVAL;
-	ret = q_lock(q);
+	deadline_init(&dl, -1);
+	ret = q_lock(q, &dl);
 	if (ret < 0)
 		return ret;
 	atomic_store(&q->hdr->closed, 1);

@@ -411,9 +411,9 @@ int tshm_seg_wait_released(struct tshm_seg *seg, int timeout_ms)
 		if (deadline_expired(&dl))
 			return deadline_err(&dl);
 		n = seg_release_pollfds(seg, pfd, ARRAY_SIZE(pfd));
-		ret = poll(pfd, n, deadline_poll_ms(&dl));
-		if (ret < 0 && errno != EINTR)
-			return -errno;
+		ret = wait_poll(pfd, n, &dl);
+		if (ret < 0)
+			return ret;
 	}
 }
 

@@ -38,6 +38,19 @@ static struct tshm_entry *registry;
 /* dl_iterate_phdr()'s load counter when the program started. */
 static unsigned long startup_loads;
 
+void spawn_fork_prepare(void)
+{
+	pthread_mutex_lock(&registry_lock);
+}
+
+void spawn_fork_release(bool child)
+{
+	if (child)
+		pthread_mutex_init(&registry_lock, NULL);
+	else
+		pthread_mutex_unlock(&registry_lock);
+}
+
 static int count_loads(struct dl_phdr_info *info, size_t size, void *data)
 {
 	unsigned long long *adds = data;

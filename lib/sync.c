@@ -93,7 +93,7 @@ int tshm_event_wait(struct tshm_event *ev, int timeout_ms)
 	struct event *e = to_event(ev);
 	struct deadline dl;
 	uint32_t w;
-	int i;
+	int i, ret;
 
 	if (!e)
 		return -EINVAL;
@@ -114,9 +114,9 @@ int tshm_event_wait(struct tshm_event *ev, int timeout_ms)
 		    !atomic_compare_exchange_strong(&e->word, &w,
 						    EV_UNSET_WAITERS))
 			continue;
-		if (futex_wait_until(&e->word, EV_UNSET_WAITERS, &dl) ==
-		    -ETIMEDOUT && atomic_load(&e->word) != EV_SET)
-			return -ETIMEDOUT;
+		ret = futex_wait_until(&e->word, EV_UNSET_WAITERS, &dl);
+		if (ret < 0 && atomic_load(&e->word) != EV_SET)
+			return ret;
 	}
 }
 
@@ -141,7 +141,7 @@ int tshm_barrier_wait(struct tshm_barrier *b, int timeout_ms)
 	struct barrier *br = (struct barrier *)b;
 	struct deadline dl;
 	uint32_t w, gen, count;
-	int i;
+	int i, ret;
 
 	if (!br || br->magic != BARRIER_MAGIC)
 		return -EINVAL;
@@ -167,14 +167,15 @@ int tshm_barrier_wait(struct tshm_barrier *b, int timeout_ms)
 		w = atomic_load(&br->word);
 		if ((w >> 16) != gen)
 			return 0;
-		if (dl.nowait || futex_wait_until(&br->word, w, &dl) ==
-		    -ETIMEDOUT) {
+		ret = dl.nowait ? -EAGAIN : futex_wait_until(&br->word, w, &dl);
+		if (ret < 0) {
 			/* Withdraw, unless the generation completed. */
 			w = atomic_load(&br->word);
 			while ((w >> 16) == gen) {
 				if (atomic_compare_exchange_weak(&br->word, &w,
 								 w - 1))
-					return deadline_err(&dl);
+					return ret == -EINTR ? ret :
+						deadline_err(&dl);
 			}
 			return 0;
 		}

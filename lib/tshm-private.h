@@ -27,6 +27,36 @@ enum tshm_backend {
 	TSHM_BACKEND_MEMFD = 2,
 };
 
+#define container_of(ptr, type, member) \
+	((type *)((char *)(ptr) - offsetof(type, member)))
+
+/* ---- fork (fork.c) ---- */
+
+/* In the order their locks are taken before fork(). */
+enum fork_level {
+	FORK_POOL,
+	FORK_CTX,
+	FORK_LEVELS,
+};
+
+/*
+ * An object with process-local locks.  @prepare takes them before fork();
+ * @release drops them in the parent (@child false) or makes them afresh in
+ * the child.
+ */
+struct fork_node {
+	struct fork_node *prev, *next;
+	enum fork_level level;
+	void (*prepare)(struct fork_node *n);
+	void (*release)(struct fork_node *n, bool child);
+};
+
+void fork_register(struct fork_node *n, enum fork_level level);
+void fork_unregister(struct fork_node *n);
+/* spawn.c's entry registry lock, taken first. */
+void spawn_fork_prepare(void);
+void spawn_fork_release(bool child);
+
 /* ---- context ---- */
 
 #define TSHM_CACHE_BUCKETS	256
@@ -57,6 +87,7 @@ struct tshm_ctx {
 	 */
 	pthread_mutex_t qlock;
 	struct tshm_queue *queues;
+	struct fork_node fork;
 };
 
 uint64_t ctx_gen(struct tshm_ctx *ctx);
@@ -205,10 +236,33 @@ bool deadline_expired(const struct deadline *dl);
 /* -EAGAIN for a zero timeout, -ETIMEDOUT otherwise. */
 int deadline_err(const struct deadline *dl);
 
-/* 0 woken or value changed, -ETIMEDOUT. */
+/*
+ * Sleeps.  Each returns 0 when woken, the value changed or a signal came
+ * (the caller re-checks), -ETIMEDOUT at @dl, and -EINTR for a signal when
+ * the thread asked for it (tshm_thread_set_intr()).
+ */
+bool intr_enabled(void);
 int futex_wait_until(_Atomic uint32_t *word, uint32_t val,
 		     const struct deadline *dl);
+/*
+ * The same, but never longer than TSHM_SLEEP_SLICE_MS (then 0): a sleep
+ * whose waker may have died re-checks what it waits for by itself.
+ */
+#define TSHM_SLEEP_SLICE_MS	100
+int futex_wait_slice(_Atomic uint32_t *word, uint32_t val,
+		     const struct deadline *dl);
 void futex_wake_all(_Atomic uint32_t *word);
+/* poll() until @dl: ready count, 0 (timeout or restart) or -errno. */
+int wait_poll(struct pollfd *pfd, unsigned n, const struct deadline *dl);
+
+/* Process-local lock with deadline- and signal-aware waits. */
+struct tlock {
+	_Atomic uint32_t word;
+};
+#define TLOCK_INIT	{ 0 }
+/* 0, -EAGAIN / -ETIMEDOUT at @dl, or -EINTR. */
+int tlock_lock(struct tlock *l, const struct deadline *dl);
+void tlock_unlock(struct tlock *l);
 
 static inline void cpu_relax(void)
 {

@@ -13,7 +13,9 @@
  *    keeps lives in the struct tshm_ctx the caller opened.
  *  - Timeouts are in milliseconds: < 0 waits forever, 0 never blocks and
  *    gives -EAGAIN where it would have waited, > 0 gives -ETIMEDOUT when it
- *    runs out.  Interrupted waits are restarted internally.
+ *    runs out.  A wait interrupted by a signal handler is restarted
+ *    internally, unless the thread asked for -EINTR
+ *    (tshm_thread_set_intr()).
  *  - Every file descriptor the library opens is O_CLOEXEC unless an export
  *    function says otherwise.
  *
@@ -23,8 +25,10 @@
  * while another thread still uses it is the caller's bug, as with free().
  *
  * Fork: a context, segment or queue created before fork() works in the child
- * (the child inherits the fds and mappings).  A pool belongs to the process
- * that created it.  See Documentation/lib/guide.rst for handing queues and
+ * (the child inherits the fds and mappings), also when other threads of the
+ * parent were inside tshm calls at the time: the library holds its locks
+ * across fork() (pthread_atfork).  A pool belongs to the process that
+ * created it.  See Documentation/lib/guide.rst for handing queues and
  * contexts to exec'ed or unrelated processes.
  */
 #ifndef _TSHM_H
@@ -39,7 +43,7 @@ extern "C" {
 #endif
 
 #define TSHM_VERSION_MAJOR	0
-#define TSHM_VERSION_MINOR	1
+#define TSHM_VERSION_MINOR	3	/* the newest node of libtshm.map */
 
 struct tshm_ctx;
 struct tshm_seg;
@@ -53,6 +57,14 @@ struct tshm_pool;
  * -EPIPE "queue closed and drained".  Never NULL; the string is static.
  */
 const char *tshm_strerror(int err);
+
+/*
+ * Blocking calls made by the calling thread (queue send and recv,
+ * release waits, pool get, event and barrier waits) return -EINTR when
+ * a signal handler ran while they waited (@on non-zero) instead of
+ * restarting (@on 0, the default).  Returns the previous setting.
+ */
+int tshm_thread_set_intr(int on);
 
 /* ---- contexts ---- */
 
