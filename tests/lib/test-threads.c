@@ -106,9 +106,13 @@ static int fork_child(struct busy *b, struct tshm_queue *mine)
 	if (tshm_seg_create(b->ctx, 4096, "child", 0, &s))
 		return 2;
 	tshm_seg_name(s);
-	if (tshm_queue_send(mine, "c", 1, &b->seg, 1, 0))
+	/*
+	 * With timeouts: a parent thread may hold the ring's lock (a
+	 * process-shared lock: the parent releases it).
+	 */
+	if (tshm_queue_send(mine, "c", 1, &b->seg, 1, 5000))
 		return 3;
-	if (tshm_queue_recv(mine, &x, 1, &len, got, &n, 0) || n != 1)
+	if (tshm_queue_recv(mine, &x, 1, &len, got, &n, 5000) || n != 1)
 		return 4;
 	tshm_seg_unref(got[0]);
 	tshm_seg_wait_released(b->seg, 0);
