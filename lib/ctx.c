@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tshm-private.h"
@@ -94,9 +95,20 @@ static void ctx_fork_release(struct fork_node *n, bool child)
 static int ctx_new(int fd, enum tshm_backend backend, struct tshm_ctx **out)
 {
 	struct tshm_ctx *ctx = calloc(1, sizeof(*ctx));
+	struct stat st;
+	int mfd;
 
 	if (!ctx)
 		return -ENOMEM;
+	/* Where memfds live: received segments must live there too. */
+	mfd = backend == TSHM_BACKEND_MEMFD ? fd : memfd_ctx_open();
+	if (mfd < 0 || fstat(mfd, &st) < 0) {
+		free(ctx);
+		return mfd < 0 ? mfd : -errno;
+	}
+	ctx->memfd_dev = st.st_dev;
+	if (mfd != fd)
+		close(mfd);
 	ctx->mark = mmap(NULL, sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE,
 			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (ctx->mark == MAP_FAILED) {

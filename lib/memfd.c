@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -52,6 +53,56 @@ int memfd_seg_id(int fd, uint64_t *id, size_t *size)
 		return -errno;
 	*id = st.st_ino;
 	*size = st.st_size;
+	return 0;
+}
+
+int memfd_check_sealed(int fd, struct stat *st)
+{
+	int seals;
+
+	if (fstat(fd, st) < 0)
+		return -errno;
+	if (!S_ISREG(st->st_mode))
+		return -EBADMSG;
+	seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 ||
+	    (seals & (F_SEAL_GROW | F_SEAL_SHRINK)) !=
+	    (F_SEAL_GROW | F_SEAL_SHRINK))
+		return -EBADMSG;
+	return 0;
+}
+
+/*
+ * A received segment fd must be what memfd_seg_create() makes: a memfd on
+ * the same internal shmem mount as the context's own (so the inode number
+ * names it: the cache key), sealed against shrinking (a sender that could
+ * shrink it would make the receiver take SIGBUS) and growing.
+ */
+int memfd_seg_check(struct tshm_ctx *ctx, int fd, uint64_t *id, size_t *size)
+{
+	struct stat st;
+	int ret = memfd_check_sealed(fd, &st);
+
+	if (ret < 0)
+		return ret;
+	if (st.st_dev != ctx->memfd_dev || st.st_size <= 0)
+		return -EBADMSG;
+	*id = st.st_ino;
+	*size = st.st_size;
+	return 0;
+}
+
+int fd_check_socket(int fd, int type)
+{
+	struct stat st;
+	socklen_t len = sizeof(int);
+	int t;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (!S_ISSOCK(st.st_mode) ||
+	    getsockopt(fd, SOL_SOCKET, SO_TYPE, &t, &len) < 0 || t != type)
+		return -EBADMSG;
 	return 0;
 }
 

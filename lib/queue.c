@@ -461,7 +461,8 @@ out:
 /*
  * Fetch the fds of the message tagged @tag, discarding older messages that
  * dead senders left behind.  1: they are gone (a receiver died holding
- * them), the slot must be skipped.
+ * them), the slot must be skipped.  -EMFILE: no room for them in this
+ * process; nothing was consumed.
  */
 static int q_recv_fds(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
 		      int *fds, uint64_t *gen)
@@ -469,6 +470,7 @@ static int q_recv_fds(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
 	struct qwire w;
 	unsigned nfds, i;
 	ssize_t n;
+	int ret;
 
 	for (;;) {
 		n = recv(q->sfd[1], &w, sizeof(w), MSG_PEEK | MSG_DONTWAIT);
@@ -476,6 +478,15 @@ static int q_recv_fds(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
 			continue;
 		if (n != sizeof(w) || w.tag > tag)
 			return 1;
+		/*
+		 * Out of fds, recvmsg() would take the message and drop its
+		 * fds (MSG_CTRUNC): check first, and leave it queued.
+		 */
+		if (w.tag == tag) {
+			ret = fd_reserve(q->sfd[1], 2 * nsegs);
+			if (ret < 0)
+				return ret;
+		}
 		nfds = 2 * TSHM_QUEUE_MAX_SEGS;
 		n = fd_recv(q->sfd[1], &w, sizeof(w), fds, &nfds, MSG_DONTWAIT);
 		if (n < 0 && n != -EBADMSG)
@@ -510,6 +521,20 @@ static void q_lookup_segs(struct tshm_queue *q, const struct tshm_handle *h,
 }
 
 /*
+ * Under the queue lock, before the commit: room for the fds the cache
+ * misses of @segs will ATTACH (0 or -EMFILE).
+ */
+static int q_reserve_attach_fds(struct tshm_queue *q, struct tshm_seg **segs,
+				unsigned nsegs)
+{
+	unsigned i, miss = 0;
+
+	for (i = 0; i < nsegs; i++)
+		miss += !segs[i];
+	return miss ? fd_reserve(q->fd, miss) : 0;
+}
+
+/*
  * Under the queue lock, after the commit: the grants that hits did not
  * consume become spares in the table (bit i of the result: no room, the
  * caller batches that grant for a DROP instead).
@@ -541,7 +566,7 @@ static int q_attach_segs(struct tshm_queue *q, const struct tshm_handle *h,
 	struct tshm_ctx *ctx = q->ctx;
 	unsigned i, j;
 	size_t size;
-	bool hit;
+	bool hit, attached = false;
 	int fd, ret = 0;
 
 	for (i = 0; i < nsegs; i++) {
@@ -552,6 +577,7 @@ static int q_attach_segs(struct tshm_queue *q, const struct tshm_handle *h,
 			continue;
 		}
 		ret = kmod_attach(q->gfd, h[i].id, &fd, &size);
+		attached = ret == 0;
 		if (ret == 0)
 			ret = seg_adopt(ctx, fd, h[i].id, size, &segs[i], &hit);
 		if (ret < 0)
@@ -559,7 +585,15 @@ static int q_attach_segs(struct tshm_queue *q, const struct tshm_handle *h,
 	}
 	if (ret == 0)
 		return 0;
-	/* Give back the grants the rest of the message carried. */
+	/*
+	 * Give back the grants the message carried for @i (when the ATTACH
+	 * that would have consumed it failed, unless the kernel says there
+	 * is none) and for the rest: left with the queue context, outside
+	 * the spare table, they would keep the producer's release wait and
+	 * pool waiting for ever.
+	 */
+	if (!attached && ret != -ENOENT)
+		kmod_drop(q->gfd, h[i].id, 1);
 	for (j = i + 1; j < nsegs; j++) {
 		if (!segs[j])
 			kmod_drop(q->gfd, h[j].id, 1);
@@ -582,7 +616,9 @@ static int q_adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
 	int ret = 0;
 
 	for (i = 0; i < nsegs; i++) {
-		ret = memfd_seg_id(fds[2 * i], &id, &size);
+		ret = memfd_seg_check(q->ctx, fds[2 * i], &id, &size);
+		if (ret == 0)
+			ret = fd_check_socket(fds[2 * i + 1], SOCK_SEQPACKET);
 		if (ret == 0)
 			ret = seg_adopt(q->ctx, fds[2 * i], id, size, &segs[i],
 					&hit);
@@ -759,10 +795,20 @@ again:
 		memcpy(buf, slot->data, mlen);
 	memcpy(h, slot->h, n * sizeof(h[0]));
 	ret = 0;
-	if (n && kmod)
+	if (n && kmod) {
 		q_lookup_segs(q, h, n, segs);
-	if (n && !kmod && q_recv_fds(q, slot->tag, n, fds, gen))
-		ret = 1;
+		/* Each cache miss ATTACHes after the commit: one fd each. */
+		ret = q_reserve_attach_fds(q, segs, n);
+	} else if (n) {
+		ret = q_recv_fds(q, slot->tag, n, fds, gen);
+	}
+	if (ret < 0) {
+		/* No room for the segments' fds: the message stays. */
+		q_unlock(q, recovered);
+		for (unsigned i = 0; kmod && i < n; i++)
+			tshm_seg_unref(segs[i]);
+		return ret;
+	}
 consume:
 	/* The commit: the message is taken once head moves past it. */
 	atomic_store_explicit(&hdr->head, head + 1, memory_order_release);
@@ -882,13 +928,16 @@ static int q_attach(struct tshm_ctx *ctx, int fd, int gfd, const int *sfd,
 		    struct tshm_queue **out)
 {
 	struct tshm_queue *q;
-	struct qhdr *hdr;
+	struct qhdr *hdr, geo;
 	struct stat st;
 	size_t need;
 	void *map;
+	int ret;
 
-	if (fstat(fd, &st) < 0)
-		return -errno;
+	/* The ring: a sealed memfd (it cannot shrink under us). */
+	ret = memfd_check_sealed(fd, &st);
+	if (ret < 0)
+		return ret;
 	if ((size_t)st.st_size < hdr_size() ||
 	    (size_t)st.st_size > QUEUE_MAX_RING + hdr_size() + ctx->page_size)
 		return -EBADMSG;
@@ -896,17 +945,23 @@ static int q_attach(struct tshm_ctx *ctx, int fd, int gfd, const int *sfd,
 	if (map == MAP_FAILED)
 		return -errno;
 	hdr = map;
-	need = hdr_size() + (size_t)hdr->capacity * hdr->slot_size;
-	if (hdr->magic != QUEUE_MAGIC || hdr->version != QUEUE_VERSION ||
-	    hdr->capacity < 1 || hdr->capacity > QUEUE_MAX_CAPACITY ||
-	    hdr->max_msg > QUEUE_MAX_MSG ||
-	    hdr->max_segs != TSHM_QUEUE_MAX_SEGS ||
-	    hdr->slot_size != slot_size_for(hdr->max_msg) ||
-	    hdr->map_size != (uint64_t)st.st_size || need > (size_t)st.st_size) {
+	/*
+	 * Another process can change the header at any time: read it once
+	 * into @geo, check that copy, and use only that copy from here on.
+	 */
+	memcpy(&geo, (const void *)hdr, offsetof(struct qhdr, lock));
+	atomic_signal_fence(memory_order_seq_cst);
+	need = hdr_size() + (size_t)geo.capacity * geo.slot_size;
+	if (geo.magic != QUEUE_MAGIC || geo.version != QUEUE_VERSION ||
+	    geo.capacity < 1 || geo.capacity > QUEUE_MAX_CAPACITY ||
+	    geo.max_msg > QUEUE_MAX_MSG ||
+	    geo.max_segs != TSHM_QUEUE_MAX_SEGS ||
+	    geo.slot_size != slot_size_for(geo.max_msg) ||
+	    geo.map_size != (uint64_t)st.st_size || need > (size_t)st.st_size) {
 		munmap(map, st.st_size);
 		return -EBADMSG;
 	}
-	if (hdr->backend != (uint32_t)ctx->backend) {
+	if (geo.backend != (uint32_t)ctx->backend) {
 		munmap(map, st.st_size);
 		return -EXDEV;
 	}
@@ -920,9 +975,9 @@ static int q_attach(struct tshm_ctx *ctx, int fd, int gfd, const int *sfd,
 	q->hdr = hdr;
 	q->slots = (unsigned char *)map + hdr_size();
 	q->map_size = st.st_size;
-	q->capacity = hdr->capacity;
-	q->slot_size = hdr->slot_size;
-	q->max_msg = hdr->max_msg;
+	q->capacity = geo.capacity;
+	q->slot_size = geo.slot_size;
+	q->max_msg = geo.max_msg;
 	q->fd = fd;
 	q->gfd = gfd;
 	q->sfd[0] = sfd[0];
@@ -1143,6 +1198,11 @@ static int q_adopt_fds_checked(struct tshm_ctx *ctx, int *fds, int nfds,
 	} else {
 		if (nfds != 3)
 			return -EBADMSG;
+		for (i = 1; i < 3; i++) {
+			ret = fd_check_socket(fds[i], SOCK_SEQPACKET);
+			if (ret < 0)
+				return ret;
+		}
 		ret = q_attach(ctx, fds[0], -1, fds + 1, out);
 	}
 	if (ret < 0)

@@ -505,6 +505,7 @@ static void seg_destroy(struct tshm_seg *seg)
 		close(seg->lease_ends[i]);
 	free(seg->lease_ends);
 	pthread_mutex_destroy(&seg->lease_lock);
+	pool_notifier_put(seg->notifier);
 	free(seg);
 	ctx_put(ctx);
 }
@@ -512,17 +513,29 @@ static void seg_destroy(struct tshm_seg *seg)
 TSHM_EXPORT
 void tshm_seg_unref(struct tshm_seg *seg)
 {
-	struct tshm_pool *pool;
+	struct pool_notifier *n;
 	int old;
 
 	if (!seg)
 		return;
-	pool = atomic_load(&seg->pool);
-	old = atomic_fetch_sub_explicit(&seg->refs, 1, memory_order_acq_rel);
+	n = seg->notifier;
+	if (!n) {
+		if (atomic_fetch_sub_explicit(&seg->refs, 1,
+					      memory_order_acq_rel) == 1)
+			seg_destroy(seg);
+		return;
+	}
+	/*
+	 * A pool buffer: once our reference is gone another thread may drop
+	 * the last one (tshm_pool_destroy()), so hold the notifier across.
+	 */
+	atomic_fetch_add(&n->refs, 1);
+	old = atomic_fetch_sub(&seg->refs, 1);
 	if (old == 1)
 		seg_destroy(seg);
-	else if (old == 2 && pool)
-		pool_notify(pool);
+	else if (old == 2)
+		pool_notify(n);
+	pool_notifier_put(n);
 }
 
 /* ---- handle passing ---- */
@@ -675,7 +688,9 @@ int tshm_seg_recv_fd(struct tshm_ctx *ctx, int sock, struct tshm_seg **out)
 		return 0;
 	}
 	/* Trust the fd, not the message, for what the segment is. */
-	ret = memfd_seg_id(fds[0], &id, &size);
+	ret = memfd_seg_check(ctx, fds[0], &id, &size);
+	if (ret == 0)
+		ret = fd_check_socket(fds[1], SOCK_SEQPACKET);
 	if (ret < 0)
 		goto fail;
 	ret = seg_adopt(ctx, fds[0], id, size, &seg, &hit);

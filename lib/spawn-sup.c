@@ -698,8 +698,15 @@ void sup_main(struct sup_plan *p)
 
 			timeout = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
 		}
-		if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR)
-			break;
+		if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR) {
+			/*
+			 * Blind from here on: kill the set and die without
+			 * saying DONE, so that join reports the supervisor's
+			 * failure instead of a success with nothing recorded.
+			 */
+			sup_signal(&s, SIGKILL);
+			_exit(1);
+		}
 
 		sup_drain_workers(&s);
 		if (pfd[isig].revents) {

@@ -975,8 +975,10 @@ static void fill_failure(struct tshm_procs *p, int rank,
 		uint32_t flags = __atomic_load_n(&r->flags, __ATOMIC_ACQUIRE);
 
 		f->pid = r->pid;
+		/* Bounded: a worker may have left it without its NUL. */
 		if (flags & RANK_MSG)
-			snprintf(f->message, sizeof(f->message), "%s", r->msg);
+			snprintf(f->message, sizeof(f->message), "%.*s",
+				 (int)sizeof(r->msg) - 1, r->msg);
 		if (!(flags & RANK_EXITED)) {
 			f->timed_out = waited_ms >= 0;
 			snprintf(what, sizeof(what), "still running after %d ms",
@@ -1319,6 +1321,28 @@ TSHM_EXPORT int tshm_procs_join(struct tshm_procs *p, int timeout_ms,
 	return ret;
 }
 
+/*
+ * The board is shared with the supervisor, and mapped in FORK workers,
+ * which can scribble on it: the first failure's rank is checked before it
+ * indexes anything.  -EBADMSG (with @failure saying so) when it is not a
+ * rank, else the rank or -1.
+ */
+static int board_first_fail(struct tshm_procs *p, struct tshm_failure *f)
+{
+	int ff = __atomic_load_n(&p->board->first_fail, __ATOMIC_ACQUIRE);
+
+	if (ff >= -1 && ff < p->nprocs)
+		return ff;
+	memset(f, 0, sizeof(*f));
+	f->rank = -1;
+	f->exit_code = -1;
+	snprintf(f->summary, sizeof(f->summary),
+		 "the workers' status board was overwritten (first failure "
+		 "\"rank %d\" of %d): a worker scribbled on it", ff,
+		 p->nprocs);
+	return -EBADMSG;
+}
+
 static int procs_join(struct tshm_procs *p, int timeout_ms,
 		      struct tshm_failure *failure)
 {
@@ -1337,7 +1361,9 @@ static int procs_join(struct tshm_procs *p, int timeout_ms,
 		bool waited;
 
 		procs_update(p);
-		ff = __atomic_load_n(&p->board->first_fail, __ATOMIC_ACQUIRE);
+		ff = board_first_fail(p, failure);
+		if (ff == -EBADMSG)
+			return ff;
 		if (p->done) {
 			if (ff >= 0) {
 				fill_failure(p, ff, failure, -1);
@@ -1356,7 +1382,9 @@ static int procs_join(struct tshm_procs *p, int timeout_ms,
 		procs_update(p);
 		if (p->done)
 			continue;
-		ff = __atomic_load_n(&p->board->first_fail, __ATOMIC_ACQUIRE);
+		ff = board_first_fail(p, failure);
+		if (ff == -EBADMSG)
+			return ff;
 		if (ff >= 0) {
 			/* Known failure, the rest still being terminated. */
 			fill_failure(p, ff, failure, -1);

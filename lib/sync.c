@@ -11,7 +11,17 @@
 #define BARRIER_MAGIC	0x52425354U	/* "TSBR" */
 #define SYNC_SPINS	2000
 
-enum { EV_UNSET = 0, EV_SET = 1, EV_UNSET_WAITERS = 2 };
+/*
+ * Event word: bit 0 set, bit 1 sleepers (only while unset), bits 2..31 the
+ * number of sets so far.  A waiter returns once the event is set or the
+ * count moved since it began: a set followed at once by a reset still
+ * releases everyone who was waiting (the pulse is not lost), since a woken
+ * waiter sees the count even when it finds the event unset again.
+ */
+#define EV_SET		1U
+#define EV_WAITERS	2U
+#define EV_GEN(w)	((w) >> 2)
+#define EV_NEXT		4U
 
 struct event {
 	_Atomic uint32_t word;
@@ -46,7 +56,7 @@ int tshm_event_init(struct tshm_event *ev)
 
 	if (!e)
 		return -EINVAL;
-	atomic_store(&e->word, EV_UNSET);
+	atomic_store(&e->word, 0);
 	e->__pad[0] = e->__pad[1] = 0;
 	atomic_thread_fence(memory_order_release);
 	e->magic = EVENT_MAGIC;
@@ -57,10 +67,18 @@ TSHM_EXPORT
 int tshm_event_set(struct tshm_event *ev)
 {
 	struct event *e = to_event(ev);
+	uint32_t w;
 
 	if (!e)
 		return -EINVAL;
-	if (atomic_exchange(&e->word, EV_SET) == EV_UNSET_WAITERS)
+	w = atomic_load(&e->word);
+	do {
+		if (w & EV_SET)
+			return 0;
+	} while (!atomic_compare_exchange_weak(&e->word, &w,
+					       ((w & ~EV_WAITERS) + EV_NEXT) |
+					       EV_SET));
+	if (w & EV_WAITERS)
 		futex_wake_all(&e->word);
 	return 0;
 }
@@ -69,11 +87,10 @@ TSHM_EXPORT
 int tshm_event_reset(struct tshm_event *ev)
 {
 	struct event *e = to_event(ev);
-	uint32_t set = EV_SET;
 
 	if (!e)
 		return -EINVAL;
-	atomic_compare_exchange_strong(&e->word, &set, EV_UNSET);
+	atomic_fetch_and(&e->word, ~EV_SET);
 	return 0;
 }
 
@@ -84,7 +101,7 @@ int tshm_event_is_set(struct tshm_event *ev)
 
 	if (!e)
 		return -EINVAL;
-	return atomic_load(&e->word) == EV_SET;
+	return atomic_load(&e->word) & EV_SET;
 }
 
 TSHM_EXPORT
@@ -92,31 +109,37 @@ int tshm_event_wait(struct tshm_event *ev, int timeout_ms)
 {
 	struct event *e = to_event(ev);
 	struct deadline dl;
-	uint32_t w;
+	uint32_t w, gen;
 	int i, ret;
 
 	if (!e)
 		return -EINVAL;
+	w = atomic_load_explicit(&e->word, memory_order_acquire);
+	gen = EV_GEN(w);
 	for (i = 0; i < SYNC_SPINS; i++) {
-		if (atomic_load_explicit(&e->word, memory_order_acquire) ==
-		    EV_SET)
+		if ((w & EV_SET) || EV_GEN(w) != gen)
 			return 0;
 		cpu_relax();
+		w = atomic_load_explicit(&e->word, memory_order_acquire);
 	}
 	deadline_init(&dl, timeout_ms);
 	for (;;) {
 		w = atomic_load(&e->word);
-		if (w == EV_SET)
+		if ((w & EV_SET) || EV_GEN(w) != gen)
 			return 0;
 		if (dl.nowait)
 			return -EAGAIN;
-		if (w == EV_UNSET &&
+		if (!(w & EV_WAITERS) &&
 		    !atomic_compare_exchange_strong(&e->word, &w,
-						    EV_UNSET_WAITERS))
+						    w | EV_WAITERS))
 			continue;
-		ret = futex_wait_until(&e->word, EV_UNSET_WAITERS, &dl);
-		if (ret < 0 && atomic_load(&e->word) != EV_SET)
+		ret = futex_wait_until(&e->word, w | EV_WAITERS, &dl);
+		if (ret < 0) {
+			w = atomic_load(&e->word);
+			if ((w & EV_SET) || EV_GEN(w) != gen)
+				return 0;
 			return ret;
+		}
 	}
 }
 
@@ -141,6 +164,7 @@ int tshm_barrier_wait(struct tshm_barrier *b, int timeout_ms)
 	struct barrier *br = (struct barrier *)b;
 	struct deadline dl;
 	uint32_t w, gen, count;
+	bool last;
 	int i, ret;
 
 	if (!br || br->magic != BARRIER_MAGIC)
@@ -148,11 +172,19 @@ int tshm_barrier_wait(struct tshm_barrier *b, int timeout_ms)
 	count = br->count;
 	if (count < 1 || count > 0xffff)
 		return -EINVAL;
-	w = atomic_fetch_add(&br->word, 1);
-	gen = w >> 16;
-	if ((w & 0xffff) + 1 >= count) {
-		/* Last in: open the next generation and wake the rest. */
-		atomic_store(&br->word, ((gen + 1) & 0xffff) << 16);
+	/*
+	 * Arrive, or (last in) open the next generation, in one atomic step:
+	 * a member withdrawing at its timeout can then never be counted by
+	 * a generation that completes (a fetch_add and a later store would
+	 * leave that window open).
+	 */
+	w = atomic_load(&br->word);
+	do {
+		gen = w >> 16;
+		last = (w & 0xffff) + 1 >= count;
+	} while (!atomic_compare_exchange_weak(&br->word, &w,
+			last ? ((gen + 1) & 0xffff) << 16 : w + 1));
+	if (last) {
 		futex_wake_all(&br->word);
 		return 1;
 	}

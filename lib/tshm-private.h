@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
 
@@ -65,6 +66,7 @@ struct tshm_ctx {
 	atomic_int refs;
 	enum tshm_backend backend;
 	int fd;				/* /dev/tshm open, or the marker memfd */
+	dev_t memfd_dev;		/* st_dev of this process's memfds */
 	size_t page_size;
 	pthread_mutex_t lock;		/* protects the cache and seg drop state */
 	struct tshm_seg *cache[TSHM_CACHE_BUCKETS];
@@ -140,8 +142,12 @@ struct tshm_seg {
 	unsigned nlease_ends;
 	bool name_known;
 
-	/* Pool membership: tell the pool when only its reference is left. */
-	struct tshm_pool *_Atomic pool;
+	/*
+	 * Pool membership: ring the pool's notifier when only the pool's
+	 * reference is left.  Set before the buffer is handed out, then
+	 * constant; the segment holds a reference on it.
+	 */
+	struct pool_notifier *notifier;
 };
 
 /* Insert/lookup in ctx's cache.  lookup returns a new reference or NULL. */
@@ -180,7 +186,18 @@ int seg_released_now(struct tshm_seg *seg);
 /* The fds poll() would report the release on, for pools. */
 int seg_release_pollfds(struct tshm_seg *seg, struct pollfd *pfd, unsigned n);
 
-void pool_notify(struct tshm_pool *pool);
+/*
+ * What a pool's buffers keep of it: an eventfd that local unrefs ring,
+ * only while @sleepers is non-zero.  Refcounted: the pool and each buffer.
+ */
+struct pool_notifier {
+	atomic_int refs;
+	atomic_uint sleepers;
+	int efd;
+};
+
+void pool_notify(struct pool_notifier *n);
+void pool_notifier_put(struct pool_notifier *n);
 
 /* ---- queues ---- */
 
@@ -209,8 +226,21 @@ int memfd_is_ctx_fd(int fd);
 int memfd_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
 		     unsigned flags, int *fd, uint64_t *id, size_t *mapsize);
 int memfd_seg_id(int fd, uint64_t *id, size_t *size);
+/* Checks on received fds: 0 or -EBADMSG (or fstat's errno). */
+int memfd_check_sealed(int fd, struct stat *st);
+int memfd_seg_check(struct tshm_ctx *ctx, int fd, uint64_t *id,
+		    size_t *size);
+int fd_check_socket(int fd, int type);
 
 /* ---- fd passing ---- */
+
+/*
+ * Whether @n more fds can be opened now (0, or -EMFILE): asked before a
+ * receive that consumes a message whose fds would otherwise be dropped
+ * (MSG_CTRUNC).  Another thread opening fds in between can still take the
+ * room; that case is reported as a corrupted message.
+ */
+int fd_reserve(int fd, unsigned n);
 
 int fd_send(int sock, const void *buf, size_t len, const int *fds,
 	    unsigned nfds, int flags);

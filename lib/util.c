@@ -3,6 +3,7 @@
  * util.c - clocks, futexes and SCM_RIGHTS helpers used across the library.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <string.h>
@@ -174,6 +175,26 @@ void tlock_unlock(struct tlock *l)
 void futex_wake_all(_Atomic uint32_t *word)
 {
 	syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+int fd_reserve(int fd, unsigned n)
+{
+	int tmp[2 * TSHM_QUEUE_MAX_SEGS];
+	unsigned i, got;
+	int ret = 0;
+
+	if (n > ARRAY_SIZE(tmp))
+		return -E2BIG;
+	for (got = 0; got < n; got++) {
+		tmp[got] = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+		if (tmp[got] < 0) {
+			ret = errno == EMFILE ? -EMFILE : -errno;
+			break;
+		}
+	}
+	for (i = 0; i < got; i++)
+		close(tmp[i]);
+	return ret;
 }
 
 int fd_send(int sock, const void *buf, size_t len, const int *fds,

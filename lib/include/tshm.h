@@ -203,8 +203,11 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
  * many arrived; each comes with a reference the caller unrefs).  @segs and
  * @nsegs may be NULL for byte-only queues.  -EMSGSIZE (*@len set to the
  * length needed) or -ENOBUFS (*@nsegs set to the count needed): the message
- * stays queued.  -EPIPE: closed and drained.  -EBADMSG: the slot was
- * corrupted; it has been skipped.
+ * stays queued.  -EMFILE: no room in this process for the segments' fds
+ * (RLIMIT_NOFILE); the message stays queued.  -EPIPE: closed and drained.
+ * -EBADMSG: the slot was corrupted, or what arrived with it was not what
+ * the library sends (an unsealed memfd, a foreign fd); it has been
+ * skipped.
  */
 int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 		    struct tshm_seg **segs, unsigned *nsegs, int timeout_ms);
@@ -477,8 +480,10 @@ struct tshm_failure {
  * a worker exited non-zero or was killed; the rest got SIGTERM, then SIGKILL
  * after the grace period, and are reaped before this returns, unless
  * @timeout_ms runs out first), or @timeout_ms passed (-ETIMEDOUT, or -EAGAIN
- * for 0: @failure names the lowest rank still running).  The first failure
- * is sticky.  @failure may be NULL.
+ * for 0: @failure names the lowest rank still running), or -EBADMSG: the
+ * status board the workers share was overwritten (a FORK worker scribbled
+ * on it; @failure says so).  The first failure is sticky.  @failure may be
+ * NULL.
  */
 int tshm_procs_join(struct tshm_procs *procs, int timeout_ms,
 		    struct tshm_failure *failure);

@@ -3,10 +3,13 @@
  * Queues: errors, bytes and segments, close and drain, fork, exec and
  * socket hand-over, many producers and consumers, corrupted rings.
  */
+#include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -744,6 +747,160 @@ TEST_F(q, scribbled_ring)
 		}
 	}
 	munmap(ring, size);
+	tshm_seg_unref(seg);
+}
+
+struct flipper {
+	_Atomic uint32_t *word;
+	uint32_t a, b;
+	atomic_bool stop;
+};
+
+static void *flip(void *arg)
+{
+	struct flipper *f = arg;
+
+	while (!atomic_load_explicit(&f->stop, memory_order_relaxed)) {
+		atomic_store_explicit(f->word, f->a, memory_order_relaxed);
+		atomic_store_explicit(f->word, f->b, memory_order_relaxed);
+	}
+	atomic_store(f->word, f->a);
+	return NULL;
+}
+
+/*
+ * A peer flipping the header's capacity while another process imports the
+ * queue: the importer validates one snapshot and uses that snapshot (it
+ * used to re-read the header after validating it, and could import an
+ * 8-slot ring as one of 65536 slots).
+ */
+#define FLIP_ROUNDS	3000
+
+TEST_F(q, header_flipped_during_import)
+{
+	struct flipper f = { .a = 8, .b = 65536 };
+	struct tshm_queue *q2;
+	unsigned char *ring;
+	unsigned bad = 0, ok = 0, rejected = 0, i;
+	size_t size = 0;
+	pthread_t t;
+	int sv[2], ret;
+
+	ring = map_ring(&size);
+	ASSERT_NE(NULL, ring);
+	f.word = (_Atomic uint32_t *)(ring + 12);	/* qhdr.capacity */
+	ASSERT_EQ(8, atomic_load(f.word));
+	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0,
+				sv));
+	ASSERT_EQ(0, pthread_create(&t, NULL, flip, &f));
+	for (i = 0; i < FLIP_ROUNDS; i++) {
+		ASSERT_EQ(0, tshm_queue_send_fd(self->q, sv[0]));
+		ret = tshm_queue_recv_fd(self->ctx, sv[1], &q2);
+		if (ret == 0) {
+			ok++;
+			if (tshm_queue_capacity(q2) != 8)
+				bad++;
+			tshm_queue_unref(q2);
+		} else {
+			EXPECT_EQ(-EBADMSG, ret);
+			rejected++;
+		}
+	}
+	atomic_store(&f.stop, true);
+	pthread_join(t, NULL);
+	close(sv[0]);
+	close(sv[1]);
+	TH_LOG("%u imported, %u rejected, %u with the wrong capacity", ok,
+	       rejected, bad);
+	EXPECT_EQ(0, bad);
+	munmap(ring, size);
+	/* The queue itself never read the shared geometry again. */
+	ASSERT_EQ(0, tshm_queue_send(self->q, "k", 1, NULL, 0, 0));
+	EXPECT_EQ(8, tshm_queue_capacity(self->q));
+}
+
+/* The highest fd number open in this process. */
+static int highest_fd(void)
+{
+	struct dirent *d;
+	DIR *dir = opendir("/proc/self/fd");
+	int max = -1, fd;
+
+	if (!dir)
+		return -1;
+	while ((d = readdir(dir))) {
+		fd = atoi(d->d_name);
+		if (d->d_name[0] != '.' && fd > max)
+			max = fd;
+	}
+	closedir(dir);
+	return max;	/* the DIR's own fd included: one more than needed */
+}
+
+static int out_of_fds_child(struct tshm_queue *q, uint64_t sum)
+{
+	struct rlimit old, low;
+	struct tshm_seg *segs[1];
+	static int fill[4096];
+	int nfill = 0, ret;
+	unsigned n = 1;
+	size_t len;
+	char x;
+
+	if (getrlimit(RLIMIT_NOFILE, &old))
+		return 10;
+	low = old;
+	low.rlim_cur = highest_fd() + 1;
+	if (setrlimit(RLIMIT_NOFILE, &low))
+		return 11;
+	/* Take every fd number left below the limit. */
+	while (nfill < 4096 &&
+	       (fill[nfill] = open("/dev/null", O_RDONLY)) >= 0)
+		nfill++;
+	ret = tshm_queue_recv(q, &x, 1, &len, segs, &n, 2000);
+	if (ret != -EMFILE) {
+		fprintf(stderr, "# recv out of fds: %d (%s)\n", ret,
+			tshm_strerror(ret));
+		return 12;
+	}
+	while (nfill)
+		close(fill[--nfill]);
+	if (setrlimit(RLIMIT_NOFILE, &old))
+		return 13;
+	n = 1;
+	ret = tshm_queue_recv(q, &x, 1, &len, segs, &n, 0);
+	if (ret || n != 1 || x != 's')
+		return 14;
+	if (fnv1a(tshm_seg_data(segs[0]), tshm_seg_size(segs[0])) != sum)
+		return 15;
+	tshm_seg_unref(segs[0]);
+	return 0;
+}
+
+/*
+ * A receiver out of fds (RLIMIT_NOFILE) gets -EMFILE and the message
+ * stays queued, segments and all.  On the fallback the fds were dropped by
+ * the kernel (MSG_CTRUNC) and the slot skipped; on the module the ATTACH
+ * after the commit failed, losing the message and leaking its grant, so
+ * the producer's release wait never ended.
+ */
+TEST_F(q, recv_out_of_fds_keeps_message)
+{
+	struct tshm_seg *seg;
+	uint64_t sum;
+	pid_t pid;
+
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 1 << 16, "nofd", 0, &seg));
+	fill_pattern(tshm_seg_data(seg), tshm_seg_size(seg), 7);
+	sum = fnv1a(tshm_seg_data(seg), tshm_seg_size(seg));
+	ASSERT_EQ(0, tshm_queue_send(self->q, "s", 1, &seg, 1, 0));
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0)
+		_exit(out_of_fds_child(self->q, sum));
+	EXPECT_EQ(0, wait_ok(pid));
+	EXPECT_EQ(0, tshm_queue_len(self->q));
+	EXPECT_EQ(0, tshm_seg_wait_released(seg, 5000));
 	tshm_seg_unref(seg);
 }
 

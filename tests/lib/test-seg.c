@@ -3,6 +3,8 @@
  * Contexts, segments, release notification and handle passing, on
  * whichever backend the library picks.
  */
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 
 #include "tshm-test.h"
@@ -291,6 +293,79 @@ TEST_F(seg, send_recv_fd_errors)
 	EXPECT_EQ(-EBADMSG, tshm_seg_recv_fd(self->ctx, sv[1], &seg));
 	close(sv[0]);
 	EXPECT_EQ(-EPIPE, tshm_seg_recv_fd(self->ctx, sv[1], &seg));
+	close(sv[1]);
+}
+
+/* What tshm_seg_send_fd() writes on the fallback, forged. */
+struct forged_wire {
+	uint32_t magic;
+	uint32_t backend;
+	uint64_t gen;
+};
+
+static int forge_send(int sock, int seg_fd, int lease_fd)
+{
+	struct forged_wire w = { .magic = 0x47455354, .backend = 2, .gen = 1 };
+	char cbuf[CMSG_SPACE(2 * sizeof(int))] = { 0 };
+	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
+	struct msghdr msg = {
+		.msg_iov = &iov, .msg_iovlen = 1,
+		.msg_control = cbuf, .msg_controllen = sizeof(cbuf),
+	};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+	int fds[2] = { seg_fd, lease_fd };
+
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(fds));
+	memcpy(CMSG_DATA(c), fds, sizeof(fds));
+	return sendmsg(sock, &msg, 0) == sizeof(w) ? 0 : -errno;
+}
+
+/*
+ * Received fds are checked, not trusted: an unsealed memfd (its sender
+ * could shrink it and the receiver would take SIGBUS), a pipe where a
+ * segment or a lease socket belongs: -EBADMSG, nothing kept open.  (The
+ * module backend passes transfer contexts instead: checked by the module.)
+ */
+TEST_F(seg, recv_fd_checks_what_arrives)
+{
+	struct tshm_seg *got;
+	int sv[2], lease[2], p[2], mfd, sealed, fds;
+
+	if (is_kmod(self->ctx))
+		SKIP(return, "fallback wire format");
+	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
+	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, lease));
+	ASSERT_EQ(0, pipe(p));
+	mfd = memfd_create("tshm:forged", MFD_ALLOW_SEALING);
+	ASSERT_LE(0, mfd);
+	ASSERT_EQ(0, ftruncate(mfd, 1 << 20));
+	sealed = memfd_create("tshm:sealed", MFD_ALLOW_SEALING);
+	ASSERT_LE(0, sealed);
+	ASSERT_EQ(0, ftruncate(sealed, 1 << 20));
+	ASSERT_EQ(0, fcntl(sealed, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK));
+	fds = count_fds();
+
+	ASSERT_EQ(0, forge_send(sv[0], mfd, lease[1]));
+	EXPECT_EQ(-EBADMSG, tshm_seg_recv_fd(self->ctx, sv[1], &got));
+	ASSERT_EQ(0, forge_send(sv[0], p[0], lease[1]));
+	EXPECT_EQ(-EBADMSG, tshm_seg_recv_fd(self->ctx, sv[1], &got));
+	ASSERT_EQ(0, forge_send(sv[0], sealed, p[0]));
+	EXPECT_EQ(-EBADMSG, tshm_seg_recv_fd(self->ctx, sv[1], &got));
+	EXPECT_EQ(fds, count_fds());
+	/* Sealed, with a lease socket: that is a segment. */
+	ASSERT_EQ(0, forge_send(sv[0], sealed, lease[1]));
+	ASSERT_EQ(0, tshm_seg_recv_fd(self->ctx, sv[1], &got));
+	EXPECT_EQ(1 << 20, tshm_seg_size(got));
+	tshm_seg_unref(got);
+	close(mfd);
+	close(sealed);
+	close(p[0]);
+	close(p[1]);
+	close(lease[0]);
+	close(lease[1]);
+	close(sv[0]);
 	close(sv[1]);
 }
 

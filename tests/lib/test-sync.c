@@ -56,6 +56,68 @@ TEST_F(sync, event)
 	EXPECT_EQ(-EAGAIN, tshm_event_wait(ev, 0));
 }
 
+/*
+ * A set followed at once by a reset still releases every waiter (it was
+ * lost: woken waiters found the event unset and slept again).
+ */
+#define PULSE_WAITERS	3
+
+TEST_F(sync, event_pulse)
+{
+	struct tshm_event *ev = tshm_seg_data(self->shm);
+	pid_t pid[PULSE_WAITERS];
+	int i;
+
+	ASSERT_EQ(0, tshm_event_init(ev));
+	for (i = 0; i < PULSE_WAITERS; i++) {
+		pid[i] = fork();
+		ASSERT_LE(0, pid[i]);
+		if (pid[i] == 0)
+			_exit(tshm_event_wait(ev, 5000) == 0 ? 0 : 1);
+	}
+	usleep(300000);		/* all asleep */
+	ASSERT_EQ(0, tshm_event_set(ev));
+	ASSERT_EQ(0, tshm_event_reset(ev));
+	for (i = 0; i < PULSE_WAITERS; i++)
+		EXPECT_EQ(0, wait_ok(pid[i]));
+	EXPECT_EQ(0, tshm_event_is_set(ev));
+	EXPECT_EQ(-EAGAIN, tshm_event_wait(ev, 0));
+}
+
+/*
+ * Two members that both give up at once (timeout 0), many times: a
+ * generation completes only with both counted, so each member sees the
+ * same number of completions.  The last arrival's fetch_add then store
+ * let a member withdraw in between and time out while the other passed.
+ */
+#define RACE_ROUNDS	200000
+
+TEST_F_TIMEOUT(sync, barrier_withdraw_race, 300)
+{
+	struct tshm_barrier *bar = tshm_seg_data(self->shm);
+	unsigned *passes = (unsigned *)((char *)tshm_seg_data(self->shm) + 64);
+	pid_t pid;
+	int i, ret;
+
+	ASSERT_EQ(0, tshm_barrier_init(bar, 2));
+	passes[0] = passes[1] = 0;
+	pid = fork();
+	ASSERT_LE(0, pid);
+	for (i = 0; i < RACE_ROUNDS; i++) {
+		ret = tshm_barrier_wait(bar, 0);
+		if (ret >= 0)
+			passes[pid == 0]++;
+		else if (ret != -EAGAIN)
+			break;
+	}
+	if (pid == 0)
+		_exit(i == RACE_ROUNDS ? 0 : 1);
+	EXPECT_EQ(RACE_ROUNDS, i);
+	EXPECT_EQ(0, wait_ok(pid));
+	TH_LOG("%u and %u completions", passes[0], passes[1]);
+	EXPECT_EQ(passes[0], passes[1]);
+}
+
 #define BAR_MEMBERS	4
 #define BAR_ROUNDS	200
 

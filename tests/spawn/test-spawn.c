@@ -183,6 +183,7 @@ enum behave {
 	B_SLEEP300,	/* returns 0 after 300 ms */
 	B_RETNEG,	/* returns -EINVAL */
 	B_CLOSEALL,	/* closes every fd but 0-2, then sleeps 1 s */
+	B_SCRIBBLE,	/* overwrites the status board if mapped, returns 0 */
 };
 
 struct behave_arg {
@@ -237,6 +238,29 @@ static void wait_for_noterm_siblings(const struct behave_arg *b, int nprocs)
 		usleep(1000);
 }
 
+/*
+ * An adversarial worker: find the status board (a FORK worker inherits
+ * its mapping) and write a first failure that is no rank.  The layout is
+ * the library's private one (lib/spawn.h): first_fail at byte 28.
+ */
+static void scribble_board(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	unsigned long lo;
+
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		if (!strstr(line, "tshm-spawn-board") ||
+		    sscanf(line, "%lx-", &lo) != 1)
+			continue;
+		if (strstr(line, " rw"))
+			*(volatile int32_t *)(lo + 28) = 0x7fffffff;
+	}
+	fclose(f);
+}
+
 static int w_behave(int rank, int nprocs, void *arg)
 {
 	const struct behave_arg *b = arg;
@@ -278,6 +302,9 @@ static int w_behave(int rank, int nprocs, void *arg)
 		return 0;
 	case B_RETNEG:
 		return -EINVAL;
+	case B_SCRIBBLE:
+		scribble_board();
+		return 0;
 	case B_CLOSEALL:
 		syscall(SYS_close_range, 3, ~0U, 0);
 		usleep(1000000);
@@ -910,6 +937,37 @@ TEST_F(sp, workers_close_all_fds)
 	      ((after.ru_utime.tv_usec - before.ru_utime.tv_usec) +
 	       (after.ru_stime.tv_usec - before.ru_stime.tv_usec)) / 1e6;
 	EXPECT_GT(0.6, cpu);
+}
+
+/*
+ * A worker that overwrote the shared board's first failure with no rank:
+ * join says so (-EBADMSG) instead of indexing the board with it (it
+ * crashed).  SPAWN workers have no mapping of the board: nothing to see.
+ */
+TEST_F(sp, scribbled_board)
+{
+	struct tshm_spawn_attr *a = mkattr(_metadata, self, variant,
+					   "behave", 2);
+	struct behave_arg b = { { B_SCRIBBLE, B_SCRIBBLE } };
+	struct tshm_procs *procs;
+	struct tshm_failure f;
+	int ret;
+
+	ASSERT_NE(NULL, a);
+	ASSERT_EQ(0, tshm_spawn_attr_set_arg(a, &b, sizeof(b)));
+	ASSERT_EQ(0, tshm_spawn(self->ctx, a, &procs));
+	tshm_spawn_attr_destroy(a);
+	ret = tshm_procs_join(procs, 20000, &f);
+	printf("# %s join: %d %s\n", tshm_start_method_name(variant->method),
+	       ret, f.summary);
+	if (variant->method == TSHM_START_SPAWN) {
+		EXPECT_EQ(0, ret);
+	} else {
+		EXPECT_EQ(-EBADMSG, ret);
+		EXPECT_EQ(-1, f.rank);
+		EXPECT_NE(NULL, strstr(f.summary, "overwritten"));
+	}
+	tshm_procs_destroy(procs);
 }
 
 /* Nothing but the set's own processes holds the caller's fds. */
