@@ -694,6 +694,18 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 			if (ret == 0)
 				break;
 			q_unlock(q, recovered);
+			if (ret == -ETOOMANYREFS) {
+				/*
+				 * The kernel caps the fds a user has in flight
+				 * in Unix sockets at RLIMIT_NOFILE: like a full
+				 * ring, wait for receivers to take some.
+				 */
+				ret = q_wait(q, &hdr->con, seen, &hdr->swait,
+					     &dl);
+				if (ret < 0)
+					return ret;
+				continue;
+			}
 			if (ret != -EAGAIN)
 				return ret;
 			/* The fallback's socket is full: wait for room. */

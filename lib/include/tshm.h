@@ -192,6 +192,14 @@ int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
  * the same segment may be sent many times, received segments may be sent
  * on).  -EMSGSIZE: @len > max_msg.  -E2BIG: too many segments.  -EPIPE: the
  * queue is closed.  -EXDEV: a segment from the other backend.
+ *
+ * Fallback only: each segment in flight is two fds in a Unix socket, and
+ * the kernel lets a user have at most RLIMIT_NOFILE fds in flight (all its
+ * queues and sockets together).  A send over that limit waits, as for a
+ * full ring, until receivers take messages (-EAGAIN / -ETIMEDOUT at its
+ * timeout): at the default soft limit of 1024 about 512 one-segment
+ * messages can be queued, whatever the capacity.  The module backend has
+ * no such limit.
  */
 int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 		    struct tshm_seg *const *segs, unsigned nsegs,

@@ -904,4 +904,66 @@ TEST_F(q, recv_out_of_fds_keeps_message)
 	tshm_seg_unref(seg);
 }
 
+#define INFLIGHT_MSGS	200
+
+static int inflight_sender(struct tshm_queue *q, struct tshm_seg *seg)
+{
+	struct rlimit lim = { 256, 256 };
+	int i, ret;
+
+	/* The limit does not bind CAP_SYS_RESOURCE: be nobody. */
+	if (geteuid() == 0 && (setgid(65534) || setuid(65534)))
+		return 9;
+	if (getrlimit(RLIMIT_NOFILE, &lim))
+		return 10;
+	lim.rlim_cur = 256;
+	if (setrlimit(RLIMIT_NOFILE, &lim))
+		return 11;
+	for (i = 0; i < INFLIGHT_MSGS; i++) {
+		ret = tshm_queue_send(q, "i", 1, &seg, 1, 10000);
+		if (ret) {
+			fprintf(stderr, "# send %d: %d (%s)\n", i + 1, ret,
+				tshm_strerror(ret));
+			return 12;
+		}
+	}
+	return 0;
+}
+
+/*
+ * Fallback: the kernel lets a user have RLIMIT_NOFILE fds in flight in
+ * Unix sockets, two per segment sent.  At a limit of 256 the 129th send
+ * failed with an undocumented -ETOOMANYREFS while the ring had room; now
+ * it waits, as for a full ring, until the receiver takes messages.
+ */
+TEST_F(q, inflight_fd_limit_waits)
+{
+	struct tshm_queue *q;
+	struct tshm_seg *seg, *got[1];
+	pid_t pid;
+	unsigned n;
+	size_t len;
+	char x;
+	int i;
+
+	if (is_kmod(self->ctx))
+		SKIP(return, "no fds in flight on the module");
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, 256, 1, &q));
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "inflight", 0, &seg));
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0)
+		_exit(inflight_sender(q, seg));
+	usleep(500000);		/* the sender is at the limit by now */
+	for (i = 0; i < INFLIGHT_MSGS; i++) {
+		n = 1;
+		ASSERT_EQ(0, tshm_queue_recv(q, &x, 1, &len, got, &n, 10000));
+		ASSERT_EQ(1, n);
+		tshm_seg_unref(got[0]);
+	}
+	EXPECT_EQ(0, wait_ok(pid));
+	tshm_seg_unref(seg);
+	tshm_queue_unref(q);
+}
+
 TSHM_TEST_MAIN(child_main)
