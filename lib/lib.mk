@@ -48,11 +48,31 @@ $(LIB_B)/$(LIB_SONAME): $(LIB_SO)
 $(LIB_B)/libtshm.so: $(LIB_B)/$(LIB_SONAME)
 	$(Q)ln -sf $(notdir $<) $@
 
-$(LIB_A): $(LIB_OBJS)
-	$(Q)rm -f $@ && $(AR) rcs $@ $^
+# The static library is one relocatable object in which only the symbols of
+# libtshm.map stay global: a program (or a Python extension) that links
+# libtshm.a never meets the library's internal names (now_ns, fd_send, ...).
+# The build fails if any other symbol would be global.
+lib_exports = sed -n 's/^[[:space:]]*\(tshm_[a-z0-9_]*\);.*/\1/p' lib/libtshm.map
+define lib_archive
+	$(Q)rm -f $@ $@.o $@.syms
+	$(Q)$(call lib_exports) > $@.syms
+	$(Q)$(LD) -r -o $@.o $(1)
+	$(Q)$(OBJCOPY) --keep-global-symbols=$@.syms $@.o
+	$(Q)if $(NM) -g --defined-only $@.o | awk 'NF == 3 { print $$3 }' | \
+		grep -vxF -f $@.syms; then \
+		echo "$@: global symbols outside libtshm.map (above)" >&2; \
+		rm -f $@.o; exit 1; fi
+	$(Q)$(AR) rcs $@ $@.o && rm -f $@.o $@.syms
+endef
 
-$(LIB_ASAN_A): $(LIB_ASAN_OBJS)
-	$(Q)rm -f $@ && $(AR) rcs $@ $^
+OBJCOPY ?= objcopy
+NM      ?= nm
+
+$(LIB_A): $(LIB_OBJS) lib/libtshm.map
+	$(call lib_archive,$(LIB_OBJS))
+
+$(LIB_ASAN_A): $(LIB_ASAN_OBJS) lib/libtshm.map
+	$(call lib_archive,$(LIB_ASAN_OBJS))
 
 # The .pc names PREFIX: install writes it afresh for the PREFIX it is given.
 lib_pc = sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' \
