@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * Chaos: producers and consumers SIGKILLed at random moments while they
- * send and receive segments for TSHM_CHAOS_SECONDS (default 30).  The
- * survivors and the replacements must keep going, nothing may arrive twice
- * or torn, and once everyone is gone nothing may be left: no segment memfd
- * open anywhere (fallback), /proc/tshm empty and Shmem back (module).
+ * send and receive segments for TSHM_CHAOS_SECONDS (default 30): at any
+ * point, while asleep in a wait, or after being stopped (SIGSTOP) for a
+ * while.  The survivors and the replacements must keep going, every call
+ * of every survivor must come back within its timeout (also while another
+ * participant is stopped), nothing may arrive twice or torn, and once
+ * everyone is gone nothing may be left: no segment memfd open anywhere
+ * (fallback), /proc/tshm empty and Shmem back (module).
  */
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -16,6 +19,14 @@
 #define CH_CONSUMERS	3
 #define CH_WORKERS	(CH_PRODUCERS + CH_CONSUMERS)
 #define CH_MAX_ID	(1U << 22)
+#define CH_TIMEOUT_MS	200	/* every call's timeout */
+/*
+ * A survivor whose last call came back longer ago than this is stalled.
+ * Far above CH_TIMEOUT_MS: emulated CPUs and sanitizers are slow, a
+ * stalled survivor is stalled for as long as the stop lasts.
+ */
+#define CH_STALL_MS	3000
+#define CH_STOP_MS	400	/* a stopped victim stays stopped this long */
 
 struct chaos_msg {
 	uint32_t id;
@@ -32,11 +43,27 @@ struct chaos_shared {
 	_Atomic uint64_t torn;
 	_Atomic uint64_t errors;
 	_Atomic int32_t last_error;
+	_Atomic int64_t beat[CH_PRODUCERS + CH_CONSUMERS];	/* ms */
 	uint64_t sums[CH_MAX_ID];
 	_Atomic uint8_t seen[CH_MAX_ID];
 };
 
 static char seg_name[32];
+static int my_role;
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A call came back. */
+static void beat(struct chaos_shared *sh)
+{
+	atomic_store(&sh->beat[my_role], mono_ms());
+}
 
 static uint64_t cmsg_sum(const struct chaos_msg *m)
 {
@@ -68,7 +95,9 @@ static void producer(struct tshm_ctx *ctx, struct tshm_queue *q,
 		m.self_sum = cmsg_sum(&m);
 		sh->sums[m.id] = m.sum;
 		do {
-			ret = tshm_queue_send(q, &m, sizeof(m), &seg, 1, 200);
+			ret = tshm_queue_send(q, &m, sizeof(m), &seg, 1,
+					      CH_TIMEOUT_MS);
+			beat(sh);
 		} while (ret == -ETIMEDOUT && !atomic_load(&sh->stop));
 		if (ret && ret != -ETIMEDOUT && ret != -EPIPE)
 			note_error(sh, ret);
@@ -87,7 +116,9 @@ static void consumer(struct tshm_queue *q, struct chaos_shared *sh)
 
 	for (;;) {
 		n = 1;
-		ret = tshm_queue_recv(q, &m, sizeof(m), &len, &seg, &n, 200);
+		ret = tshm_queue_recv(q, &m, sizeof(m), &len, &seg, &n,
+				      CH_TIMEOUT_MS);
+		beat(sh);
 		if (ret == -EPIPE)
 			_exit(0);
 		if (ret == -ETIMEDOUT)
@@ -112,9 +143,12 @@ static void consumer(struct tshm_queue *q, struct chaos_shared *sh)
 static pid_t spawn(int role, struct tshm_ctx *ctx, struct tshm_queue *q,
 		   struct chaos_shared *sh)
 {
-	pid_t pid = fork();
+	pid_t pid;
 
+	atomic_store(&sh->beat[role], mono_ms());
+	pid = fork();
 	if (pid == 0) {
+		my_role = role;
 		if (role < CH_PRODUCERS)
 			producer(ctx, q, sh);
 		consumer(q, sh);
@@ -174,13 +208,38 @@ static long shmem_kb(void)
 	return kb;
 }
 
-static int64_t mono_ms(void)
+/* 'S': asleep (in a futex or poll wait: workers sleep nowhere else). */
+static char proc_state(pid_t pid)
 {
-	struct timespec ts;
+	char path[64], buf[256], *p;
+	FILE *f;
+	size_t n;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	f = fopen(path, "r");
+	if (!f)
+		return '?';
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' ? p[2] : '?';
 }
+
+/* Survivors (all but @skip) whose last call is older than CH_STALL_MS. */
+static unsigned stalled(struct chaos_shared *sh, int skip)
+{
+	int64_t now = mono_ms();
+	unsigned i, n = 0;
+
+	for (i = 0; i < CH_WORKERS; i++)
+		if ((int)i != skip && now - atomic_load(&sh->beat[i]) >
+		    CH_STALL_MS)
+			n++;
+	return n;
+}
+
+enum { KILL_ANYWHERE, KILL_ASLEEP, KILL_STOPPED, KILL_MODES };
 
 FIXTURE(chaos) {
 	int unused;
@@ -197,7 +256,8 @@ TEST_F_TIMEOUT(chaos, sigkill_during_send_recv, 3600)
 	struct tshm_queue *q;
 	struct tshm_ctx *ctx;
 	pid_t pid[CH_WORKERS];
-	unsigned kills = 0, i;
+	unsigned kills = 0, i, asleep = 0, stopped = 0, stalls = 0;
+	unsigned progress_while_stopped = 0;
 	uint64_t before;
 	long shmem0;
 	int64_t end;
@@ -219,8 +279,26 @@ TEST_F_TIMEOUT(chaos, sigkill_during_send_recv, 3600)
 	srand(getpid());
 	end = mono_ms() + seconds * 1000LL;
 	while (mono_ms() < end) {
+		int mode = rand() % KILL_MODES, t;
+		uint64_t got;
+
 		usleep(5000 + rand() % 40000);
 		i = rand() % CH_WORKERS;
+		stalls += stalled(sh, -1);
+		if (mode == KILL_ASLEEP) {
+			for (t = 0; t < 100 && proc_state(pid[i]) != 'S'; t++)
+				usleep(2000);
+			asleep += proc_state(pid[i]) == 'S';
+		} else if (mode == KILL_STOPPED) {
+			/* The others go on while it is stopped, and after. */
+			kill(pid[i], SIGSTOP);
+			got = atomic_load(&sh->delivered);
+			usleep(CH_STOP_MS * 1000);
+			stalls += stalled(sh, i);
+			progress_while_stopped += atomic_load(&sh->delivered) >
+						  got;
+			stopped++;
+		}
 		kill(pid[i], SIGKILL);
 		waitpid(pid[i], NULL, 0);
 		kills++;
@@ -245,7 +323,15 @@ TEST_F_TIMEOUT(chaos, sigkill_during_send_recv, 3600)
 	       (unsigned long long)sh->delivered, (unsigned long long)sh->dups,
 	       (unsigned long long)sh->torn, (unsigned long long)sh->errors,
 	       sh->last_error);
+	TH_LOG("%u killed asleep, %u stopped then killed (others delivered "
+	       "meanwhile %u times), %u stalled survivors", asleep, stopped,
+	       progress_while_stopped, stalls);
 	EXPECT_LT(0, kills);
+	EXPECT_LT(0, asleep);
+	EXPECT_LT(0, stopped);
+	EXPECT_EQ(0, stalls);
+	/* A stopped participant costs the others at most its own slot. */
+	EXPECT_LT(stopped / 2, progress_while_stopped);
 	EXPECT_LT(0, atomic_load(&sh->delivered));
 	EXPECT_EQ(0, atomic_load(&sh->dups));
 	EXPECT_EQ(0, atomic_load(&sh->torn));
