@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <tshm.h>
+#include <tshm-spawn.h>
 
 static int trivial(int rank, int nprocs, void *arg)
 {

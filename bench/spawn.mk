@@ -6,6 +6,7 @@ SPAWN_BENCH := $(B)/bench/spawn-bench
 BENCH += $(SPAWN_BENCH)
 ALL   += $(SPAWN_BENCH)
 
-$(SPAWN_BENCH): bench/spawn-bench.c $(LIB_A) lib/include/tshm.h
+$(SPAWN_BENCH): bench/spawn-bench.c $(LIB_A) lib/include/tshm.h \
+		lib/include/tshm-spawn.h
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -o $@ $< $(LIB_A) $(LDLIBS)

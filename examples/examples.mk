@@ -13,7 +13,8 @@ SPAWN_EXAMPLES := $(B)/examples/hogwild $(B)/examples/pipeline
 EXAMPLES += $(SPAWN_EXAMPLES)
 ALL += $(SPAWN_EXAMPLES)
 
-$(SPAWN_EXAMPLES): $(B)/examples/%: examples/%.c $(LIB_A) lib/include/tshm.h
+$(SPAWN_EXAMPLES): $(B)/examples/%: examples/%.c $(LIB_A) lib/include/tshm.h \
+		lib/include/tshm-spawn.h
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(BASE_CFLAGS) $(CFLAGS) -o $@ $< $(LIB_A) $(LDLIBS)
 

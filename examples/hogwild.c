@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <tshm.h>
+#include <tshm-spawn.h>
 
 #define DIM	16
 

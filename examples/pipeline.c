@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <tshm.h>
+#include <tshm-spawn.h>
 
 struct frame {
 	uint32_t seq;

@@ -5,7 +5,7 @@
 LIB_VERSION  := 0.3
 LIB_B        := $(B)/lib
 LIB_SRCS     := $(sort $(wildcard lib/*.c))
-LIB_HDRS     := lib/include/tshm.h $(wildcard lib/*.h) \
+LIB_HDRS     := lib/include/tshm.h lib/include/tshm-spawn.h $(wildcard lib/*.h) \
 		kmod/include/uapi/linux/tshm.h
 LIB_OBJS     := $(patsubst lib/%.c,$(LIB_B)/obj/%.o,$(LIB_SRCS))
 LIB_SONAME   := libtshm.so.0
@@ -89,4 +89,5 @@ install-lib: $(LIB_SO) $(LIB_B)/libtshm.so $(LIB_A) $(LIB_PC)
 	ln -sf $(LIB_SONAME) $(DESTDIR)$(LIBDIR)/libtshm.so
 	install -m 0644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
 	$(call lib_pc,lib/tshm.pc.in) > $(DESTDIR)$(LIBDIR)/pkgconfig/tshm.pc
-	install -m 0644 lib/include/tshm.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 0644 lib/include/tshm.h lib/include/tshm-spawn.h \
+		$(DESTDIR)$(INCLUDEDIR)/

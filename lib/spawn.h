@@ -20,8 +20,8 @@
  * the single-threaded supervisor.  With the forkserver method the
  * supervisor is forked by the forkserver instead of by the caller.
  */
-#ifndef _TSHM_SPAWN_H
-#define _TSHM_SPAWN_H
+#ifndef _TSHM_SPAWN_PRIVATE_H
+#define _TSHM_SPAWN_PRIVATE_H
 
 #include <signal.h>
 #include <stdbool.h>
@@ -29,6 +29,7 @@
 #include <sys/types.h>
 
 #include "tshm.h"
+#include "tshm-spawn.h"
 
 #define SPAWN_BOARD_MAGIC	0x7473686d626f6172ULL	/* "tshmboar" */
 #define SPAWN_SPEC_MAGIC	0x7473686d73706563ULL	/* "tshmspec" */
@@ -239,4 +240,4 @@ int64_t spawn_now_ns(void);
 /* Async-signal-safe decimal formatting; returns the end of the digits. */
 char *spawn_fmt_int(char *p, long v);
 
-#endif /* _TSHM_SPAWN_H */
+#endif /* _TSHM_SPAWN_PRIVATE_H */

@@ -8,7 +8,8 @@ SPAWN_TEST_ASAN_B  := $(B)/asan/tests/spawn
 SPAWN_TEST_BINS    := $(addprefix $(SPAWN_TEST_B)/,$(SPAWN_TESTS))
 SPAWN_TEST_ASAN_BINS := $(addprefix $(SPAWN_TEST_ASAN_B)/,$(SPAWN_TESTS))
 SPAWN_TEST_CFLAGS  := $(TEST_CFLAGS) -Wno-sign-compare
-SPAWN_TEST_DEPS    := lib/include/tshm.h tests/spawn/spawn-tests.mk
+SPAWN_TEST_DEPS    := lib/include/tshm.h lib/include/tshm-spawn.h \
+		      tests/spawn/spawn-tests.mk
 
 TESTS_BOTH      += $(SPAWN_TEST_BINS) tests/spawn/test-examples.sh
 TESTS_HOST_ASAN += $(SPAWN_TEST_ASAN_BINS)

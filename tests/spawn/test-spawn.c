@@ -31,7 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <tshm.h>
+#include <tshm-spawn.h>
 
 #include "kselftest_harness.h"
 
