@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -988,6 +989,63 @@ TEST(vmm_pool_recycles)
 }
 
 /* ---- errors ---- */
+
+/*
+ * fork() while other threads hold the device handle's lock (its import
+ * cache): libtshm-cuda's atfork handlers take it across fork(), so the
+ * child can still use the handle's host-side state (it used to deadlock).
+ * The child makes no CUDA call: CUDA itself is not usable after fork.
+ */
+struct cu_busy {
+	struct tshm_cuda *cu;
+	atomic_bool stop;
+};
+
+static void *cu_hammer(void *arg)
+{
+	struct cu_busy *b = arg;
+	struct tshm_cuda_stats st;
+
+	while (!atomic_load(&b->stop)) {
+		tshm_cuda_stats(b->cu, &st);
+		tshm_cuda_cache_trim(b->cu);
+	}
+	return NULL;
+}
+
+TEST(fork_while_threads_in_library)
+{
+	struct cu_busy b = { 0 };
+	struct tshm_cuda_stats st;
+	struct probe pr;
+	pthread_t t[2];
+	int i, status, failed = 0;
+	pid_t pid;
+
+	NEED_GPU(&pr, false);
+	ASSERT_EQ(0, tshm_cuda_open(0, &b.cu));
+	for (i = 0; i < 2; i++)
+		ASSERT_EQ(0, pthread_create(&t[i], NULL, cu_hammer, &b));
+	for (i = 0; i < 300 && !failed; i++) {
+		pid = fork();
+		ASSERT_LE(0, pid);
+		if (pid == 0) {
+			alarm(10);	/* a deadlock shows as SIGALRM */
+			tshm_cuda_stats(b.cu, &st);
+			_exit(0);
+		}
+		ASSERT_EQ(pid, waitpid(pid, &status, 0));
+		if (!WIFEXITED(status) || WEXITSTATUS(status)) {
+			TH_LOG("fork %d: child status %#x", i, status);
+			failed = 1;
+		}
+	}
+	atomic_store(&b.stop, true);
+	for (i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	EXPECT_EQ(0, failed);
+	tshm_cuda_close(b.cu);
+}
 
 TEST(errors)
 {
