@@ -119,7 +119,6 @@ int tshm_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
 		return ret;
 	}
 	seg->creator = true;
-	seg->name_known = true;
 	if (name)
 		strncpy(seg->name, name, TSHM_SEG_NAME_MAX);
 	if (ctx->backend == TSHM_BACKEND_MEMFD && (flags & TSHM_SEG_HUGE))
@@ -131,12 +130,52 @@ int tshm_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
 	return 0;
 }
 
+static void memfd_name(int fd, char *name, size_t len)
+{
+	char path[32], link[64 + TSHM_SEG_NAME_MAX];
+	const char *p;
+	ssize_t n;
+	size_t k;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, link, sizeof(link) - 1);
+	if (n <= 0)
+		return;
+	link[n] = '\0';
+	p = strstr(link, "memfd:tshm:");
+	if (!p)
+		return;
+	p += strlen("memfd:tshm:");
+	k = strcspn(p, " ");
+	if (k >= len)
+		k = len - 1;
+	memcpy(name, p, k);
+	name[k] = '\0';
+}
+
+/*
+ * The name of a segment that arrived, read before it is shared so that
+ * tshm_seg_name() is a plain read (and so that the fd, which a mapping
+ * may outlive, is needed only now).
+ */
+static void seg_fetch_name(struct tshm_ctx *ctx, int fd, char *name,
+			   size_t len)
+{
+	name[0] = '\0';
+	if (ctx->backend == TSHM_BACKEND_KMOD)
+		kmod_info_name(fd, name, len);
+	else
+		memfd_name(fd, name, len);
+}
+
 int seg_adopt(struct tshm_ctx *ctx, int fd, uint64_t id, size_t size,
 	      struct tshm_seg **out, bool *hit)
 {
+	char name[TSHM_SEG_NAME_MAX + 1];
 	struct tshm_seg *seg;
 	int ret;
 
+	seg_fetch_name(ctx, fd, name, sizeof(name));
 	pthread_mutex_lock(&ctx->lock);
 	seg = seg_cache_lookup_locked(ctx, id);
 	if (seg) {
@@ -147,8 +186,10 @@ int seg_adopt(struct tshm_ctx *ctx, int fd, uint64_t id, size_t size,
 		return 0;
 	}
 	ret = seg_new(ctx, fd, id, size, &seg);
-	if (ret == 0)
+	if (ret == 0) {
+		memcpy(seg->name, name, sizeof(seg->name));
 		seg_cache_insert_locked(ctx, seg);
+	}
 	pthread_mutex_unlock(&ctx->lock);
 	if (ret < 0) {
 		close(fd);
@@ -435,44 +476,10 @@ uint64_t tshm_seg_id(const struct tshm_seg *seg)
 	return seg->id;
 }
 
-static void memfd_name(int fd, char *name, size_t len)
-{
-	char path[32], link[64 + TSHM_SEG_NAME_MAX];
-	const char *p;
-	ssize_t n;
-	size_t k;
-
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	n = readlink(path, link, sizeof(link) - 1);
-	if (n <= 0)
-		return;
-	link[n] = '\0';
-	p = strstr(link, "memfd:tshm:");
-	if (!p)
-		return;
-	p += strlen("memfd:tshm:");
-	k = strcspn(p, " ");
-	if (k >= len)
-		k = len - 1;
-	memcpy(name, p, k);
-	name[k] = '\0';
-}
-
 TSHM_EXPORT
-const char *tshm_seg_name(const struct tshm_seg *cseg)
+const char *tshm_seg_name(const struct tshm_seg *seg)
 {
-	struct tshm_seg *seg = (struct tshm_seg *)cseg;
-
-	pthread_mutex_lock(&seg->ctx->lock);
-	if (!seg->name_known) {
-		if (seg->ctx->backend == TSHM_BACKEND_KMOD)
-			kmod_info_name(seg->fd, seg->name, sizeof(seg->name));
-		else
-			memfd_name(seg->fd, seg->name, sizeof(seg->name));
-		seg->name_known = true;
-	}
-	pthread_mutex_unlock(&seg->ctx->lock);
-	return seg->name;
+	return seg->name;	/* set before the segment was shared */
 }
 
 TSHM_EXPORT

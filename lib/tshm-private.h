@@ -140,7 +140,6 @@ struct tshm_seg {
 	uint64_t lease_gen;
 	int *lease_ends;
 	unsigned nlease_ends;
-	bool name_known;
 
 	/*
 	 * Pool membership: ring the pool's notifier when only the pool's

@@ -369,6 +369,38 @@ TEST_F(seg, recv_fd_checks_what_arrives)
 	close(sv[1]);
 }
 
+/*
+ * A received segment carries its name, read when it arrived (so that
+ * tshm_seg_name(), const, only reads; it used to look the name up and
+ * write it on first use).
+ */
+TEST_F(seg, received_name)
+{
+	struct tshm_seg *seg, *got;
+	struct tshm_ctx *ctx;
+	int sv[2];
+	pid_t pid;
+
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "travels", 0, &seg));
+	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0) {
+		close(sv[0]);
+		tshm_seg_unref(seg);
+		/* a context of its own: nothing cached from the parent */
+		if (tshm_ctx_open_fd(tshm_ctx_fd(self->ctx), 0, &ctx) ||
+		    tshm_seg_recv_fd(ctx, sv[1], &got))
+			_exit(1);
+		_exit(strcmp(tshm_seg_name(got), "travels") ? 2 : 0);
+	}
+	close(sv[1]);
+	ASSERT_EQ(0, tshm_seg_send_fd(seg, sv[0]));
+	EXPECT_EQ(0, wait_ok(pid));
+	close(sv[0]);
+	tshm_seg_unref(seg);
+}
+
 TEST_F(seg, send_recv_fd_other_backend)
 {
 	struct tshm_ctx *other;
