@@ -92,6 +92,20 @@ int memfd_seg_check(struct tshm_ctx *ctx, int fd, uint64_t *id, size_t *size)
 	return 0;
 }
 
+/* 0 when @fd is an eventfd, else -EBADMSG. */
+int fd_check_eventfd(int fd)
+{
+	char path[40], link[32];
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, link, sizeof(link) - 1);
+	if (n <= 0)
+		return -EBADMSG;
+	link[n] = '\0';
+	return strcmp(link, "anon_inode:[eventfd]") ? -EBADMSG : 0;
+}
+
 int fd_check_socket(int fd, int type)
 {
 	struct stat st;

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -34,7 +35,7 @@
 #include "tshm-private.h"
 
 #define QUEUE_MAGIC		0x51485354U	/* "TSHQ" */
-#define QUEUE_VERSION		3
+#define QUEUE_VERSION		4
 #define QUEUE_MAX_CAPACITY	65536U
 #define QUEUE_MAX_MSG		(16UL << 20)
 #define QUEUE_MAX_RING		(1UL << 30)
@@ -93,6 +94,7 @@ struct qhdr {
 	 */
 	_Atomic uint32_t pub __attribute__((aligned(CACHELINE)));
 	_Atomic uint32_t rwait;		/* receivers may sleep on @pub */
+	_Atomic uint32_t pollwait;	/* a poller armed the eventfd */
 	_Atomic uint32_t con __attribute__((aligned(CACHELINE)));
 	_Atomic uint32_t swait;		/* senders may sleep on @con */
 
@@ -132,6 +134,8 @@ struct tshm_queue {
 	int fd;				/* the ring's memfd */
 	int gfd;			/* module: the queue's context */
 	int sfd[2];			/* fallback: send end, receive end */
+	int efd;			/* tshm_queue_fd(): an eventfd */
+	bool pollable;			/* this process polls @efd */
 	enum tshm_wait wait;
 	unsigned spin_us;
 };
@@ -154,6 +158,51 @@ static struct qslot *q_slot(struct tshm_queue *q, uint64_t pos)
 int queue_grant_fd(const struct tshm_queue *q)
 {
 	return q->gfd;
+}
+
+/*
+ * The fds that make the queue, in the order they travel: the ring, the
+ * module context or the fallback's two socket ends, the eventfd.
+ */
+#define QUEUE_MAX_FDS	4
+
+static int q_fds(const struct tshm_queue *q, int *fds)
+{
+	int n = 0;
+
+	fds[n++] = q->fd;
+	if (q->ctx->backend == TSHM_BACKEND_KMOD) {
+		fds[n++] = q->gfd;
+	} else {
+		fds[n++] = q->sfd[0];
+		fds[n++] = q->sfd[1];
+	}
+	fds[n++] = q->efd;
+	return n;
+}
+
+/* A published message or a close: ring the eventfd if a poller armed it. */
+static void q_poll_wake(struct tshm_queue *q, bool force)
+{
+	uint64_t one = 1;
+
+	if (force || (atomic_load(&q->hdr->pollwait) &&
+		      atomic_exchange(&q->hdr->pollwait, 0))) {
+		if (write(q->efd, &one, sizeof(one)) < 0) {
+			/* Saturated: it is readable anyway. */
+		}
+	}
+}
+
+/* Under the lock, the ring found empty: make the next publish ring. */
+static void q_poll_arm(struct tshm_queue *q)
+{
+	uint64_t v;
+
+	if (read(q->efd, &v, sizeof(v)) < 0) {
+		/* Nothing pending. */
+	}
+	atomic_store(&q->hdr->pollwait, 1);
 }
 
 /* ---- spare grants (module) ---- */
@@ -731,6 +780,7 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 	atomic_store_explicit(&hdr->tail, tail + 1, memory_order_release);
 	q_unlock(q, recovered);
 	q_wake(&hdr->pub, &hdr->rwait, false);
+	q_poll_wake(q, false);
 	return 0;
 }
 
@@ -771,6 +821,8 @@ again:
 			ctx_flush_drops(q->ctx);
 			return -EPIPE;
 		}
+		if (q->pollable)
+			q_poll_arm(q);
 		q_unlock(q, recovered);
 		/*
 		 * About to idle: give back the grants batched by cache hits,
@@ -869,6 +921,7 @@ int tshm_queue_close(struct tshm_queue *q)
 	q_unlock(q, ret);
 	q_wake(&q->hdr->pub, &q->hdr->rwait, true);
 	q_wake(&q->hdr->con, &q->hdr->swait, true);
+	q_poll_wake(q, true);
 	return 0;
 }
 
@@ -891,6 +944,19 @@ TSHM_EXPORT
 size_t tshm_queue_max_msg(const struct tshm_queue *q)
 {
 	return q->max_msg;
+}
+
+TSHM_EXPORT
+int tshm_queue_fd(struct tshm_queue *q)
+{
+	if (!q)
+		return -EINVAL;
+	if (!q->pollable) {
+		q->pollable = true;
+		/* Readable at first: the caller receives until -EAGAIN. */
+		q_poll_wake(q, true);
+	}
+	return q->efd;
 }
 
 TSHM_EXPORT
@@ -920,8 +986,10 @@ const char *tshm_wait_name(enum tshm_wait policy)
 
 /* ---- creation, attachment, lifetime ---- */
 
-static void q_close_fds(int fd, int gfd, const int *sfd)
+static void q_close_fds(int fd, int gfd, const int *sfd, int efd)
 {
+	if (efd >= 0)
+		close(efd);
 	if (fd >= 0)
 		close(fd);
 	if (gfd >= 0)
@@ -937,7 +1005,7 @@ static void q_close_fds(int fd, int gfd, const int *sfd)
  * fits the mapping.  The fds pass to the queue on success only.
  */
 static int q_attach(struct tshm_ctx *ctx, int fd, int gfd, const int *sfd,
-		    struct tshm_queue **out)
+		    int efd, struct tshm_queue **out)
 {
 	struct tshm_queue *q;
 	struct qhdr *hdr, geo;
@@ -994,6 +1062,7 @@ static int q_attach(struct tshm_ctx *ctx, int fd, int gfd, const int *sfd,
 	q->gfd = gfd;
 	q->sfd[0] = sfd[0];
 	q->sfd[1] = sfd[1];
+	q->efd = efd;
 	q->wait = TSHM_WAIT_ADAPTIVE;
 	q->spin_us = QUEUE_SPIN_US;
 	if (ctx->backend == TSHM_BACKEND_KMOD) {
@@ -1010,7 +1079,8 @@ TSHM_EXPORT
 int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
 		      struct tshm_queue **out)
 {
-	int fd = -1, gfd = -1, sfd[2] = { -1, -1 }, sndbuf = QUEUE_SNDBUF, ret;
+	int fd = -1, gfd = -1, sfd[2] = { -1, -1 }, efd = -1, ret;
+	int sndbuf = QUEUE_SNDBUF;
 	pthread_mutexattr_t attr;
 	size_t slot_size, map_size;
 	struct qhdr *hdr;
@@ -1065,14 +1135,17 @@ int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
 		shutdown(sfd[0], SHUT_RD);
 		shutdown(sfd[1], SHUT_WR);
 	}
-	ret = q_attach(ctx, fd, gfd, sfd, out);
+	efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (efd < 0)
+		goto fail_errno;
+	ret = q_attach(ctx, fd, gfd, sfd, efd, out);
 	if (ret < 0)
 		goto fail;
 	return 0;
 fail_errno:
 	ret = -errno;
 fail:
-	q_close_fds(fd, gfd, sfd);
+	q_close_fds(fd, gfd, sfd, efd);
 	return ret;
 }
 
@@ -1104,14 +1177,14 @@ void tshm_queue_unref(struct tshm_queue *q)
 		pthread_mutex_unlock(&ctx->qlock);
 	}
 	munmap(q->hdr, q->map_size);
-	q_close_fds(q->fd, q->gfd, q->sfd);
+	q_close_fds(q->fd, q->gfd, q->sfd, q->efd);
 	ctx_put(q->ctx);
 	free(q);
 }
 
 /* ---- handing a queue to another process ---- */
 
-#define QDESC_PREFIX	"tshm-queue:1:"
+#define QDESC_PREFIX	"tshm-queue:2:"
 
 /* Async-signal-safe: no stdio, no allocation. */
 static char *put_str(char *p, char *end, const char *s)
@@ -1138,20 +1211,12 @@ static char *put_uint(char *p, char *end, unsigned v)
 TSHM_EXPORT
 int tshm_queue_export(struct tshm_queue *q, char *buf, size_t len)
 {
-	int fds[3], nfds, i;
+	int fds[QUEUE_MAX_FDS], nfds, i;
 	char *p, *end;
 
 	if (!q || !buf || len < 2)
 		return -EINVAL;
-	fds[0] = q->fd;
-	if (q->ctx->backend == TSHM_BACKEND_KMOD) {
-		fds[1] = q->gfd;
-		nfds = 2;
-	} else {
-		fds[1] = q->sfd[0];
-		fds[2] = q->sfd[1];
-		nfds = 3;
-	}
+	nfds = q_fds(q, fds);
 	p = buf;
 	end = buf + len - 1;
 	p = put_str(p, end, QDESC_PREFIX);
@@ -1200,22 +1265,27 @@ static int q_adopt_fds_checked(struct tshm_ctx *ctx, int *fds, int nfds,
 	for (i = 0; i < nfds; i++)
 		if (fcntl(fds[i], F_GETFD) < 0)
 			return -EBADF;
+	if (nfds < 3)
+		return -EBADMSG;
+	ret = fd_check_eventfd(fds[nfds - 1]);
+	if (ret < 0)
+		return ret;
 	if (ctx->backend == TSHM_BACKEND_KMOD) {
-		if (nfds != 2)
+		if (nfds != 3)
 			return -EBADMSG;
 		ret = kmod_is_ctx_fd(fds[1]);
 		if (ret <= 0)
 			return ret < 0 ? ret : -EBADMSG;
-		ret = q_attach(ctx, fds[0], fds[1], none, out);
+		ret = q_attach(ctx, fds[0], fds[1], none, fds[2], out);
 	} else {
-		if (nfds != 3)
+		if (nfds != 4)
 			return -EBADMSG;
 		for (i = 1; i < 3; i++) {
 			ret = fd_check_socket(fds[i], SOCK_SEQPACKET);
 			if (ret < 0)
 				return ret;
 		}
-		ret = q_attach(ctx, fds[0], -1, fds + 1, out);
+		ret = q_attach(ctx, fds[0], -1, fds + 1, fds[3], out);
 	}
 	if (ret < 0)
 		return ret;
@@ -1230,7 +1300,7 @@ int tshm_queue_import(struct tshm_ctx *ctx, const char *desc,
 {
 	const char *p;
 	size_t blen;
-	int fds[3], nfds;
+	int fds[QUEUE_MAX_FDS], nfds;
 
 	if (!ctx || !desc || !out)
 		return -EINVAL;
@@ -1247,7 +1317,7 @@ int tshm_queue_import(struct tshm_ctx *ctx, const char *desc,
 			return -EXDEV;
 		return -EINVAL;
 	}
-	nfds = parse_fds(p + blen + 1, fds, 3);
+	nfds = parse_fds(p + blen + 1, fds, QUEUE_MAX_FDS);
 	if (nfds < 0)
 		return nfds;
 	return q_adopt_fds_checked(ctx, fds, nfds, out);
@@ -1258,29 +1328,23 @@ int tshm_queue_import(struct tshm_ctx *ctx, const char *desc,
 TSHM_EXPORT
 int tshm_queue_send_fd(struct tshm_queue *q, int sock)
 {
+	int fds[QUEUE_MAX_FDS], nfds;
 	uint32_t w[2];
-	int fds[3];
 
 	if (!q || sock < 0)
 		return -EINVAL;
 	w[0] = QWIRE_MAGIC;
 	w[1] = q->ctx->backend;
-	fds[0] = q->fd;
-	if (q->ctx->backend == TSHM_BACKEND_KMOD) {
-		fds[1] = q->gfd;
-		return fd_send(sock, w, sizeof(w), fds, 2, 0);
-	}
-	fds[1] = q->sfd[0];
-	fds[2] = q->sfd[1];
-	return fd_send(sock, w, sizeof(w), fds, 3, 0);
+	nfds = q_fds(q, fds);
+	return fd_send(sock, w, sizeof(w), fds, nfds, 0);
 }
 
 TSHM_EXPORT
 int tshm_queue_recv_fd(struct tshm_ctx *ctx, int sock, struct tshm_queue **out)
 {
-	unsigned nfds = 3, i;
+	unsigned nfds = QUEUE_MAX_FDS, i;
+	int fds[QUEUE_MAX_FDS], ret;
 	uint32_t w[2];
-	int fds[3], ret;
 	ssize_t n;
 
 	if (!ctx || sock < 0 || !out)

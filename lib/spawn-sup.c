@@ -573,7 +573,7 @@ static void sup_signals(struct sup_plan *p)
  * spawn: the supervisor is a fork of the caller and holds a copy of every
  * fd the caller had, for as long as the set runs: a pipe's write end, a
  * listening socket.  Keep only what the workers get.  The queues' fds are
- * learnt from their descriptors ("tshm-queue:1:memfd:5,6,7").
+ * learnt from their descriptors ("tshm-queue:2:memfd:5,6,7,8").
  */
 static void sup_close_caller_fds(struct sup_plan *p)
 {

@@ -230,6 +230,7 @@ int memfd_check_sealed(int fd, struct stat *st);
 int memfd_seg_check(struct tshm_ctx *ctx, int fd, uint64_t *id,
 		    size_t *size);
 int fd_check_socket(int fd, int type);
+int fd_check_eventfd(int fd);
 
 /* ---- fd passing ---- */
 

@@ -235,6 +235,15 @@ unsigned tshm_queue_capacity(const struct tshm_queue *q);
 size_t tshm_queue_max_msg(const struct tshm_queue *q);
 
 /*
+ * For event loops: an fd (the queue's, do not close it) that poll() reports
+ * readable when a message may be waiting or the queue was closed.  It is
+ * readable at first; once it is, receive with timeout 0 until -EAGAIN (or
+ * -EPIPE): the receive that finds the queue empty re-arms it.  Any process
+ * holding the queue may ask for it.
+ */
+int tshm_queue_fd(struct tshm_queue *q);
+
+/*
  * How this process waits on this queue (local, not shared).
  * ADAPTIVE (default): spin @spin_us microseconds, then sleep on a futex.
  * FUTEX: sleep at once.  SPIN: never sleep (burns a CPU; timeouts still
@@ -252,7 +261,7 @@ const char *tshm_wait_name(enum tshm_wait policy);
 /*
  * Hand a queue to an exec'ed process: tshm_queue_export() clears FD_CLOEXEC
  * on the queue's fds in the calling process and writes a descriptor such as
- * "tshm-queue:1:memfd:5,6,7" into @buf (TSHM_QUEUE_DESC_MAX is enough).
+ * "tshm-queue:2:memfd:5,6,7,8" into @buf (TSHM_QUEUE_DESC_MAX is enough).
  * Call it in the child after fork() and before exec(): it is
  * async-signal-safe.  tshm_queue_import() in the new program takes the fds
  * over (they are closed by the last unref) and validates the shared header

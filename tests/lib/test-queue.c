@@ -7,6 +7,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -425,30 +427,44 @@ TEST_F(q, import_errors)
 	struct tshm_queue *q;
 	struct tshm_ctx *other;
 	char desc[TSHM_QUEUE_DESC_MAX];
-	int fd, sv[2];
+	int fd, efd, sv[2];
 
 	EXPECT_EQ(-EINVAL, tshm_queue_import(self->ctx, "garbage", &q));
-	EXPECT_EQ(-EINVAL, tshm_queue_import(self->ctx, "tshm-queue:1:xx:1",
+	EXPECT_EQ(-EINVAL, tshm_queue_import(self->ctx, "tshm-queue:2:xx:1",
 					     &q));
+	EXPECT_EQ(-EINVAL, tshm_queue_import(self->ctx,
+					     "tshm-queue:1:memfd:5,6,7", &q));
 	EXPECT_EQ(-EBADF, tshm_queue_import(self->ctx, is_kmod(self->ctx) ?
-					    "tshm-queue:1:kmod:900,901" :
-					    "tshm-queue:1:memfd:900,901,902",
+					    "tshm-queue:2:kmod:900,901,902" :
+					    "tshm-queue:2:memfd:900,901,902,903",
 					    &q));
 	EXPECT_EQ(-EXDEV, tshm_queue_import(self->ctx, is_kmod(self->ctx) ?
-					    "tshm-queue:1:memfd:0,1,2" :
-					    "tshm-queue:1:kmod:0,1", &q));
+					    "tshm-queue:2:memfd:0,1,2,3" :
+					    "tshm-queue:2:kmod:0,1,2", &q));
 	/* A memfd that is not a queue: foreign. */
-	fd = memfd_create("foreign", MFD_CLOEXEC);
+	fd = memfd_create("foreign", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	ASSERT_LE(0, fd);
 	ASSERT_EQ(0, ftruncate(fd, 1 << 16));
+	ASSERT_EQ(0, fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK));
+	efd = eventfd(0, EFD_CLOEXEC);
+	ASSERT_LE(0, efd);
 	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
 	if (is_kmod(self->ctx))
-		snprintf(desc, sizeof(desc), "tshm-queue:1:kmod:%d,%d", fd,
-			 tshm_ctx_fd(self->ctx));
+		snprintf(desc, sizeof(desc), "tshm-queue:2:kmod:%d,%d,%d", fd,
+			 tshm_ctx_fd(self->ctx), efd);
 	else
-		snprintf(desc, sizeof(desc), "tshm-queue:1:memfd:%d,%d,%d", fd,
-			 sv[0], sv[1]);
+		snprintf(desc, sizeof(desc), "tshm-queue:2:memfd:%d,%d,%d,%d",
+			 fd, sv[0], sv[1], efd);
 	EXPECT_EQ(-EBADMSG, tshm_queue_import(self->ctx, desc, &q));
+	/* The ring's fd where the eventfd belongs: not an eventfd. */
+	if (is_kmod(self->ctx))
+		snprintf(desc, sizeof(desc), "tshm-queue:2:kmod:%d,%d,%d", fd,
+			 tshm_ctx_fd(self->ctx), fd);
+	else
+		snprintf(desc, sizeof(desc), "tshm-queue:2:memfd:%d,%d,%d,%d",
+			 fd, sv[0], sv[1], fd);
+	EXPECT_EQ(-EBADMSG, tshm_queue_import(self->ctx, desc, &q));
+	close(efd);
 	close(fd);
 	close(sv[0]);
 	close(sv[1]);
@@ -964,6 +980,54 @@ TEST_F(q, inflight_fd_limit_waits)
 	EXPECT_EQ(0, wait_ok(pid));
 	tshm_seg_unref(seg);
 	tshm_queue_unref(q);
+}
+
+/*
+ * The queue's fd for event loops: readable at first, quiet once a receive
+ * found the queue empty, readable when another process publishes, and on
+ * close.
+ */
+TEST_F(q, pollable_fd)
+{
+	struct pollfd pfd = { .events = POLLIN };
+	char buf[256];
+	size_t len;
+	pid_t pid;
+
+	EXPECT_EQ(-EINVAL, tshm_queue_fd(NULL));
+	pfd.fd = tshm_queue_fd(self->q);
+	ASSERT_LE(0, pfd.fd);
+	EXPECT_EQ(pfd.fd, tshm_queue_fd(self->q));
+	EXPECT_EQ(1, poll(&pfd, 1, 0));
+	EXPECT_EQ(-EAGAIN, tshm_queue_recv(self->q, buf, sizeof(buf), &len,
+					   NULL, NULL, 0));
+	EXPECT_EQ(0, poll(&pfd, 1, 0));
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0) {
+		usleep(100000);
+		if (tshm_queue_send(self->q, "p", 1, NULL, 0, 0) ||
+		    tshm_queue_send(self->q, "q", 1, NULL, 0, 0))
+			_exit(1);
+		usleep(100000);
+		_exit(tshm_queue_close(self->q) ? 2 : 0);
+	}
+	ASSERT_EQ(1, poll(&pfd, 1, 5000));
+	ASSERT_EQ(0, tshm_queue_recv(self->q, buf, sizeof(buf), &len, NULL,
+				     NULL, 0));
+	EXPECT_EQ('p', buf[0]);
+	/* Drain until -EAGAIN (the second may or may not be there yet). */
+	while (tshm_queue_recv(self->q, buf, sizeof(buf), &len, NULL, NULL,
+			       0) == 0)
+		EXPECT_EQ('q', buf[0]);
+	ASSERT_EQ(1, poll(&pfd, 1, 5000));	/* the second, or the close */
+	while (tshm_queue_recv(self->q, buf, sizeof(buf), &len, NULL, NULL,
+			       0) == 0)
+		;
+	EXPECT_EQ(0, wait_ok(pid));
+	EXPECT_EQ(1, poll(&pfd, 1, 5000));	/* closed */
+	EXPECT_EQ(-EPIPE, tshm_queue_recv(self->q, buf, sizeof(buf), &len,
+					  NULL, NULL, 0));
 }
 
 TSHM_TEST_MAIN(child_main)
