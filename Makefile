@@ -4,6 +4,7 @@
 #
 #   make            module, library, tools, tests, benchmarks
 #   make kmod       only the module (against Debian's linux-headers-<ver>-amd64)
+#   make python     the Python package into $(B)/python (PYTHONPATH=$(B)/python)
 #   make check      every test: host suites (memfd fallback, plain and
 #                   ASan+UBSan) and VM suites (module loaded), one summary line
 #   make demo       the main job end to end in the VM
@@ -60,6 +61,7 @@ all: build-all
 
 include kmod/kmod.mk
 include lib/lib.mk
+-include python/python.mk
 include tests/tests.mk
 -include tools/tools.mk
 -include $(wildcard bench/*.mk)

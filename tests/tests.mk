@@ -12,5 +12,6 @@ include tests/vm/vm-tests.mk
 -include tests/tools/tools-tests.mk
 -include tests/cuda/cuda-tests.mk
 -include tests/fuzz/fuzz.mk
+-include tests/python/python-tests.mk
 
 ALL += $(TESTS_VM) $(TESTS_BOTH)

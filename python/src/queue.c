@@ -1,0 +1,322 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later
+/*
+ * queue.c - tshm._Queue: a libtshm queue moving bytes plus segments.
+ *
+ * tshm.Queue (tshm/_queue.py) pickles objects into that: this file knows
+ * nothing about pickling.  send() and recv() take timeouts in milliseconds
+ * (< 0 forever, 0 never blocks) and raise queue.Full, queue.Empty or
+ * tshm.QueueClosed.
+ */
+#include "pytshm.h"
+
+#include <errno.h>
+
+typedef struct {
+	PyObject_HEAD
+	struct tshm_queue *q;
+} TshmQueue;
+
+static PyObject *queue_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = { "capacity", "max_msg", "ctx", NULL };
+	Py_ssize_t capacity, max_msg;
+	PyObject *ctxarg = Py_None;
+	TshmContext *ctx;
+	TshmQueue *self;
+	int ret;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "nn|O:_Queue", kwlist,
+					 &capacity, &max_msg, &ctxarg))
+		return NULL;
+	if (capacity < 1 || capacity > 65536)
+		return PyErr_Format(PyExc_ValueError,
+			"maxsize must be 1 .. 65536, not %zd", capacity);
+	if (max_msg < 0)
+		return PyErr_Format(PyExc_ValueError,
+			"max_msg must not be negative, not %zd", max_msg);
+	ctx = pytshm_context_arg(ctxarg);
+	if (!ctx)
+		return NULL;
+	self = (TshmQueue *)type->tp_alloc(type, 0);
+	if (self) {
+		Py_BEGIN_ALLOW_THREADS
+		ret = tshm_queue_create(ctx->ctx, capacity, max_msg, &self->q);
+		Py_END_ALLOW_THREADS
+		if (ret < 0) {
+			self->q = NULL;
+			Py_CLEAR(self);
+			pytshm_raise(ret, NULL);
+		}
+	}
+	Py_DECREF(ctx);
+	return (PyObject *)self;
+}
+
+static void queue_dealloc(TshmQueue *self)
+{
+	if (self->q)
+		tshm_queue_unref(self->q);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Map a queue call's error to the exception Python users expect. */
+static PyObject *queue_error(int ret, PyObject *timeout_exc)
+{
+	if (ret == PYTSHM_RAISED)
+		return NULL;
+	if (ret == -ETIMEDOUT || ret == -EAGAIN) {
+		PyErr_SetNone(timeout_exc);
+		return NULL;
+	}
+	if (ret == -EPIPE) {
+		PyObject *args = Py_BuildValue("(is)", EPIPE,
+					       tshm_strerror(-EPIPE));
+
+		if (args) {
+			PyErr_SetObject(pytshm_QueueClosed, args);
+			Py_DECREF(args);
+		}
+		return NULL;
+	}
+	return pytshm_raise(ret, NULL);
+}
+
+struct send_call {
+	struct tshm_queue *q;
+	const void *buf;
+	size_t len;
+	struct tshm_seg *segs[TSHM_QUEUE_MAX_SEGS];
+	unsigned nsegs;
+};
+
+static int send_call(void *arg, int timeout_ms)
+{
+	struct send_call *c = arg;
+
+	return tshm_queue_send(c->q, c->buf, c->len, c->segs, c->nsegs,
+			       timeout_ms);
+}
+
+static PyObject *queue_send(TshmQueue *self, PyObject *args)
+{
+	struct send_call c = { .q = self->q };
+	PyObject *segs, *fast, *ret = NULL;
+	Py_buffer data;
+	Py_ssize_t n, i;
+	int ms, r;
+
+	if (!PyArg_ParseTuple(args, "y*Oi:send", &data, &segs, &ms))
+		return NULL;
+	fast = PySequence_Fast(segs, "segments must be a sequence");
+	if (!fast)
+		goto out_data;
+	n = PySequence_Fast_GET_SIZE(fast);
+	if (n > TSHM_QUEUE_MAX_SEGS) {
+		PyErr_Format(PyExc_ValueError,
+			     "a message carries at most %d segments, not %zd",
+			     TSHM_QUEUE_MAX_SEGS, n);
+		goto out_fast;
+	}
+	for (i = 0; i < n; i++) {
+		c.segs[i] = pytshm_segment_get(PySequence_Fast_GET_ITEM(fast, i));
+		if (!c.segs[i])
+			goto out_fast;
+	}
+	/* Our own references: a close() in another thread meanwhile. */
+	for (i = 0; i < n; i++)
+		tshm_seg_ref(c.segs[i]);
+	c.nsegs = n;
+	c.buf = data.buf;
+	c.len = data.len;
+	r = pytshm_block(send_call, &c, ms);
+	for (i = 0; i < n; i++)
+		tshm_seg_unref(c.segs[i]);
+	if (r < 0) {
+		if (r == -EMSGSIZE)
+			PyErr_Format(PyExc_ValueError,
+				"message of %zd bytes above the queue's max_msg "
+				"(%zu)", data.len, tshm_queue_max_msg(self->q));
+		else
+			queue_error(r, pytshm_Full);
+		goto out_fast;
+	}
+	ret = Py_None;
+	Py_INCREF(ret);
+out_fast:
+	Py_DECREF(fast);
+out_data:
+	PyBuffer_Release(&data);
+	return ret;
+}
+
+struct recv_call {
+	struct tshm_queue *q;
+	char *buf;
+	size_t cap, len;
+	struct tshm_seg *segs[TSHM_QUEUE_MAX_SEGS];
+	unsigned nsegs;
+};
+
+static int recv_call(void *arg, int timeout_ms)
+{
+	struct recv_call *c = arg;
+
+	c->nsegs = TSHM_QUEUE_MAX_SEGS;
+	return tshm_queue_recv(c->q, c->buf, c->cap, &c->len, c->segs,
+			       &c->nsegs, timeout_ms);
+}
+
+static PyObject *queue_recv(TshmQueue *self, PyObject *args)
+{
+	struct recv_call c = { .q = self->q };
+	PyObject *bytes, *segs;
+	unsigned i;
+	int ms, r;
+
+	if (!PyArg_ParseTuple(args, "i:recv", &ms))
+		return NULL;
+	c.cap = tshm_queue_max_msg(self->q);
+	/* Received straight into the bytes object: no second copy. */
+	bytes = PyBytes_FromStringAndSize(NULL, c.cap ? c.cap : 1);
+	if (!bytes)
+		return NULL;
+	c.buf = PyBytes_AS_STRING(bytes);
+	tshm_queue_ref(self->q);
+	r = pytshm_block(recv_call, &c, ms);
+	tshm_queue_unref(self->q);
+	if (r < 0) {
+		Py_DECREF(bytes);
+		return queue_error(r, pytshm_Empty);
+	}
+	segs = PyTuple_New(c.nsegs);
+	if (!segs)
+		goto fail;
+	for (i = 0; i < c.nsegs; i++) {
+		PyObject *s = pytshm_segment_wrap(c.segs[i]);
+
+		c.segs[i] = NULL;
+		if (!s)
+			goto fail;
+		PyTuple_SET_ITEM(segs, i, s);
+	}
+	if (_PyBytes_Resize(&bytes, c.len) < 0)
+		goto fail;
+	return Py_BuildValue("(NN)", bytes, segs);
+fail:
+	for (i = 0; i < c.nsegs; i++)
+		if (c.segs[i])
+			tshm_seg_unref(c.segs[i]);
+	Py_XDECREF(segs);
+	Py_XDECREF(bytes);
+	return NULL;
+}
+
+static PyObject *queue_close(TshmQueue *self, PyObject *unused)
+{
+	int ret = tshm_queue_close(self->q);
+
+	if (ret < 0)
+		return pytshm_raise(ret, NULL);
+	Py_RETURN_NONE;
+}
+
+static Py_ssize_t queue_length(TshmQueue *self)
+{
+	return tshm_queue_len(self->q);
+}
+
+static PyObject *queue_capacity(TshmQueue *self, void *closure)
+{
+	return PyLong_FromUnsignedLong(tshm_queue_capacity(self->q));
+}
+
+static PyObject *queue_max_msg(TshmQueue *self, void *closure)
+{
+	return PyLong_FromSize_t(tshm_queue_max_msg(self->q));
+}
+
+static PyObject *queue_send_fd(TshmQueue *self, PyObject *arg)
+{
+	int sock = PyObject_AsFileDescriptor(arg), ret;
+
+	if (sock < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	ret = tshm_queue_send_fd(self->q, sock);
+	Py_END_ALLOW_THREADS
+	if (ret < 0)
+		return pytshm_raise(ret, NULL);
+	Py_RETURN_NONE;
+}
+
+static PyObject *queue_recv_fd(PyObject *cls, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = { "sock", "ctx", NULL };
+	PyObject *sockarg, *ctxarg = Py_None;
+	TshmContext *ctx;
+	TshmQueue *self;
+	int sock, ret;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:_recv_fd", kwlist,
+					 &sockarg, &ctxarg))
+		return NULL;
+	sock = PyObject_AsFileDescriptor(sockarg);
+	if (sock < 0)
+		return NULL;
+	ctx = pytshm_context_arg(ctxarg);
+	if (!ctx)
+		return NULL;
+	self = (TshmQueue *)((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0);
+	if (self) {
+		Py_BEGIN_ALLOW_THREADS
+		ret = tshm_queue_recv_fd(ctx->ctx, sock, &self->q);
+		Py_END_ALLOW_THREADS
+		if (ret < 0) {
+			self->q = NULL;
+			Py_CLEAR(self);
+			pytshm_raise(ret, NULL);
+		}
+	}
+	Py_DECREF(ctx);
+	return (PyObject *)self;
+}
+
+static PySequenceMethods queue_as_sequence = {
+	.sq_length = (lenfunc)queue_length,
+};
+
+static PyGetSetDef queue_getset[] = {
+	{ "capacity", (getter)queue_capacity, NULL, "Messages that fit.", NULL },
+	{ "max_msg", (getter)queue_max_msg, NULL,
+	  "Bytes one message may carry in the ring.", NULL },
+	{ NULL }
+};
+
+static PyMethodDef queue_methods[] = {
+	{ "send", (PyCFunction)queue_send, METH_VARARGS,
+	  "send(data, segments, timeout_ms)" },
+	{ "recv", (PyCFunction)queue_recv, METH_VARARGS,
+	  "recv(timeout_ms) -> (bytes, tuple of Segment)" },
+	{ "close", (PyCFunction)queue_close, METH_NOARGS,
+	  "Close for every process: sends fail, receivers drain then fail." },
+	{ "_send_fd", (PyCFunction)queue_send_fd, METH_O,
+	  "_send_fd(sock): send the queue over a connected AF_UNIX socket." },
+	{ "_recv_fd", (PyCFunction)(void (*)(void))queue_recv_fd,
+	  METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+	  "_recv_fd(sock, ctx=None) -> _Queue: the other end of _send_fd." },
+	{ NULL }
+};
+
+PyTypeObject TshmQueue_Type = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "tshm._tshm._Queue",
+	.tp_basicsize = sizeof(TshmQueue),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "_Queue(capacity, max_msg, ctx=None): bytes plus segments "
+		"(tshm.Queue pickles objects into it).",
+	.tp_new = queue_new,
+	.tp_dealloc = (destructor)queue_dealloc,
+	.tp_as_sequence = &queue_as_sequence,
+	.tp_getset = queue_getset,
+	.tp_methods = queue_methods,
+};

@@ -1,0 +1,326 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""tshm.Queue: Python objects between processes, big buffers out of band.
+
+An object is pickled with protocol 5.  Out-of-band buffers
+(pickle.PickleBuffer: numpy arrays, bytearrays, memoryviews) leave the
+pickle stream:
+
+* a buffer that lies inside a segment this process maps (a Segment, an
+  array received earlier, an array over ``memoryview(seg)``) is sent by
+  reference, whatever its size: the segment plus an offset and a length,
+  nothing copied;
+* any other buffer of at least ``oob_threshold`` bytes is copied once into
+  a segment made for the message (one segment holds every copied buffer of
+  a message); smaller ones stay in band.
+
+What stays in band must fit the queue's ``max_msg``; if it does not, the
+object is pickled again with every buffer out of band (bytes objects too),
+and only then is the put refused.
+
+A message in the ring is::
+
+    header   "TSQ1", buffer count (u16), flags (u16), 4 bytes zero
+    buffers  per buffer: segment index (u32), offset (u64), length (u64)
+    pickle   the protocol 5 stream
+
+The receiver checks every field against the segments that arrived before it
+uses them.  It maps the same pages: a received array is writable where the
+sent one was, and shared with the sender.
+"""
+
+import errno
+import io
+import math
+import pickle
+import struct
+
+from . import _reduction
+from ._tshm import QUEUE_MAX_SEGS, Segment, _Queue, _locate
+
+_HEADER = struct.Struct("<4sHHI")
+_BUFFER = struct.Struct("<IQQ")
+_MAGIC = b"TSQ1"
+_F_SEGMENTS = 1  # the pickle names Segment objects (persistent ids)
+_ALIGN = 64      # copied buffers start on a cache line
+_MS_MAX = 2**31 - 1
+
+#: Buffers smaller than this travel in band (a copy through the ring is
+#: cheaper than making and mapping a segment below about this size).
+OOB_THRESHOLD = 32 * 1024
+
+
+def _timeout_ms(block, timeout):
+    if not block:
+        return 0
+    if timeout is None:
+        return -1
+    if timeout < 0:
+        raise ValueError("'timeout' must be a non-negative number")
+    return min(math.ceil(timeout * 1000), _MS_MAX)
+
+
+def _rebuild_memoryview(buf, fmt, shape):
+    return memoryview(buf).cast("B").cast(fmt, shape)
+
+
+class _Split:
+    """What one message is made of besides its pickle stream: its buffers
+    and its segments.  Kept apart from the pickler so that the pickler's
+    buffer_callback makes no reference cycle (which would keep the pickled
+    objects, and views of segments, alive until the next gc run)."""
+
+    def __init__(self, threshold, max_refs):
+        self.threshold = threshold
+        self.max_refs = max_refs
+        self.segments = []   # Segment objects, in index order
+        self.index = {}      # id(segment) -> index
+        self.buffers = []    # (index, offset, length), or None: a copy
+        self.copies = []     # (position in buffers, memoryview)
+        self.named = False   # the stream names segments
+
+    def segment_index(self, seg, limit):
+        i = self.index.get(id(seg))
+        if i is None:
+            if len(self.segments) >= limit:
+                return None
+            i = self.index[id(seg)] = len(self.segments)
+            self.segments.append(seg)
+        return i
+
+    def buffer(self, pb):
+        """pickle's buffer_callback: True keeps a buffer in band."""
+        raw = pb.raw()
+        n = raw.nbytes
+        found = _locate(raw) if n else None
+        if found is None and n < self.threshold:
+            return True
+        if found is not None:
+            # Leave a segment slot for the copies.
+            i = self.segment_index(found[0], self.max_refs - 1)
+            if i is not None:
+                self.buffers.append((i, found[1], n))
+                return False
+        self.buffers.append(None)
+        self.copies.append((len(self.buffers) - 1, raw))
+        return False
+
+
+class _Hooks:
+    """The pickler hooks: segments by reference, big bytes-like objects
+    as out-of-band buffers."""
+
+    def persistent_id(self, obj):
+        if type(obj) is not Segment:
+            return None
+        i = self.split.segment_index(obj, QUEUE_MAX_SEGS)
+        if i is None:
+            raise ValueError(
+                f"a message can name at most {QUEUE_MAX_SEGS} segments")
+        self.split.named = True
+        return i
+
+    def reducer_override(self, obj):
+        t = type(obj)
+        if t is memoryview:
+            if not obj.c_contiguous:
+                return NotImplemented
+            return _rebuild_memoryview, (pickle.PickleBuffer(obj),
+                                         obj.format, obj.shape)
+        if (t is bytes or t is bytearray) and \
+                len(obj) >= self.split.threshold:
+            return t, (pickle.PickleBuffer(obj),)
+        return NotImplemented
+
+
+class _Encoder(_Hooks, pickle.Pickler):
+    """The C pickler: fast, but never shows bytes to reducer_override."""
+
+    def __init__(self, file, split):
+        pickle.Pickler.__init__(self, file, protocol=5,
+                                buffer_callback=split.buffer)
+        self.split = split
+
+
+class _SlowEncoder(_Hooks, pickle._Pickler):
+    """The pure-Python pickler, which shows every object to
+    reducer_override: the second try, for messages whose big bytes
+    objects do not fit in band."""
+
+    def __init__(self, file, split):
+        pickle._Pickler.__init__(self, file, protocol=5,
+                                 buffer_callback=split.buffer)
+        self.split = split
+
+
+class _Decoder(pickle.Unpickler):
+    def __init__(self, data, buffers, segments):
+        super().__init__(io.BytesIO(data), buffers=buffers)
+        self.segments = segments
+
+    def persistent_load(self, pid):
+        if type(pid) is not int or not 0 <= pid < len(self.segments):
+            raise pickle.UnpicklingError(f"bad segment reference {pid!r}")
+        return self.segments[pid]
+
+
+class Queue:
+    """Queue(maxsize=64, max_msg=65536, ctx=None, *, oob_threshold=32768)
+
+    A bounded multi-producer multi-consumer queue of Python objects in
+    shared memory, for threads and processes alike.  ``maxsize`` messages
+    fit; each carries at most ``max_msg`` bytes of pickle in the ring plus
+    its big buffers as segments.  The API is queue.Queue's: put() raises
+    queue.Full and get() queue.Empty when they time out; after close(),
+    put() raises tshm.QueueClosed and get() drains what is queued, then
+    raises it.
+
+    A Queue can be passed to multiprocessing.Process(args=...) with every
+    start method, and sent through another queue or pipe.  Pickling is
+    trusted input, as with multiprocessing: share a queue only with
+    processes you trust.
+    """
+
+    def __init__(self, maxsize=64, max_msg=65536, ctx=None, *,
+                 oob_threshold=OOB_THRESHOLD):
+        self._setup(_Queue(maxsize, max_msg, ctx), oob_threshold)
+
+    def _setup(self, raw, oob_threshold):
+        if oob_threshold < 0:
+            raise ValueError("oob_threshold must not be negative")
+        self._raw = raw
+        self._max_msg = raw.max_msg
+        self._threshold = oob_threshold
+
+    # -- pickling into a message ------------------------------------------
+
+    def _encode(self, obj):
+        room = self._max_msg
+        for cls, threshold in ((_Encoder, self._threshold),
+                               (_SlowEncoder, 1)):
+            f = io.BytesIO()
+            enc = _Split(threshold, QUEUE_MAX_SEGS)
+            cls(f, enc).dump(obj)
+            head = _HEADER.size + _BUFFER.size * len(enc.buffers)
+            if head + f.tell() <= room:
+                break
+        else:
+            raise OSError(errno.EMSGSIZE,
+                          f"message too long: {head + f.tell()} bytes stay "
+                          f"in band with every buffer out of band, the "
+                          f"queue's max_msg is {room}")
+        if len(enc.buffers) > 0xffff:
+            raise ValueError("a message carries at most 65535 buffers")
+        segments = enc.segments
+        if enc.copies:
+            segments = segments + [self._copy(enc)]
+        out = bytearray(head)
+        _HEADER.pack_into(out, 0, _MAGIC, len(enc.buffers),
+                          _F_SEGMENTS if enc.named else 0, 0)
+        pos = _HEADER.size
+        for b in enc.buffers:
+            _BUFFER.pack_into(out, pos, *b)
+            pos += _BUFFER.size
+        out += f.getbuffer()
+        return out, segments
+
+    @staticmethod
+    def _copy(enc):
+        """Copy the buffers not in a segment into one new segment."""
+        total = sum(-(-raw.nbytes // _ALIGN) * _ALIGN for _, raw in enc.copies)
+        seg = Segment(total, "tshm.Queue")
+        index = len(enc.segments)
+        off = 0
+        with memoryview(seg) as view:
+            for pos, raw in enc.copies:
+                n = raw.nbytes
+                view[off:off + n] = raw
+                enc.buffers[pos] = (index, off, n)
+                off += -(-n // _ALIGN) * _ALIGN
+        return seg
+
+    # -- unpickling a message ----------------------------------------------
+
+    @staticmethod
+    def _decode(data, segments):
+        mv = memoryview(data)
+        if len(mv) < _HEADER.size:
+            raise OSError(errno.EBADMSG, "tshm.Queue: short message")
+        magic, nbuf, flags, zero = _HEADER.unpack_from(mv, 0)
+        pos = _HEADER.size + nbuf * _BUFFER.size
+        if magic != _MAGIC or zero or flags & ~_F_SEGMENTS or pos > len(mv):
+            raise OSError(errno.EBADMSG, "tshm.Queue: not a message of "
+                          "this protocol (bad header)")
+        buffers = []
+        for i in range(nbuf):
+            idx, off, n = _BUFFER.unpack_from(mv, _HEADER.size + i * _BUFFER.size)
+            if idx >= len(segments) or off > segments[idx].size - n or \
+                    n > segments[idx].size:
+                raise OSError(errno.EBADMSG, f"tshm.Queue: buffer {i} lies "
+                              "outside the segments that came with it")
+            buffers.append(memoryview(segments[idx])[off:off + n])
+        if flags & _F_SEGMENTS:
+            return _Decoder(mv[pos:], buffers, segments).load()
+        return pickle.loads(mv[pos:], buffers=buffers)
+
+    # -- queue.Queue's API ---------------------------------------------------
+
+    def put(self, obj, block=True, timeout=None):
+        """Put obj on the queue, waiting up to timeout seconds for room
+        (forever if None; not at all if block is false): queue.Full."""
+        ms = _timeout_ms(block, timeout)
+        data, segments = self._encode(obj)
+        self._raw.send(data, segments, ms)
+
+    def get(self, block=True, timeout=None):
+        """Remove and return an object, waiting up to timeout seconds
+        (forever if None; not at all if block is false): queue.Empty."""
+        data, segments = self._raw.recv(_timeout_ms(block, timeout))
+        return self._decode(data, segments)
+
+    def put_nowait(self, obj):
+        """put(obj, block=False)"""
+        self.put(obj, False)
+
+    def get_nowait(self):
+        """get(block=False)"""
+        return self.get(False)
+
+    def qsize(self):
+        """Messages queued now (a snapshot)."""
+        return len(self._raw)
+
+    def empty(self):
+        """True if nothing is queued now (a snapshot)."""
+        return len(self._raw) == 0
+
+    def full(self):
+        """True if no room is left now (a snapshot)."""
+        return len(self._raw) >= self._raw.capacity
+
+    @property
+    def maxsize(self):
+        """Messages that fit."""
+        return self._raw.capacity
+
+    @property
+    def max_msg(self):
+        """Bytes of pickle one message may carry in the ring."""
+        return self._max_msg
+
+    def close(self):
+        """Close the queue for every process: see the class docstring."""
+        self._raw.close()
+
+    def __reduce__(self):
+        handle = _reduction.send_over_socket(self._raw._send_fd)
+        return _rebuild_queue, (handle, self._threshold)
+
+    def __repr__(self):
+        return (f"<tshm.Queue maxsize={self.maxsize} "
+                f"max_msg={self._max_msg} qsize={self.qsize()}>")
+
+
+def _rebuild_queue(handle, threshold):
+    q = Queue.__new__(Queue)
+    q._setup(_reduction.recv_over_socket(handle, _Queue._recv_fd), threshold)
+    return q

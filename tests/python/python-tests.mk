@@ -1,0 +1,9 @@
+# SPDX-License-Identifier: GPL-2.0
+# The Python package's pytest suites: on the host (memfd) and in the VM
+# (module) against $(B)/python, and on the host once more against the
+# ASan+UBSan build of the extension.
+
+ifneq ($(PY_EXT_SUFFIX),)
+TESTS_BOTH += tests/python/python-test.sh
+TESTS_HOST_ASAN += tests/python/python-asan-test.sh
+endif
