@@ -62,20 +62,26 @@ static long long now_ms(void)
 	return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
 }
 
-int pytshm_block(pytshm_blocking_fn fn, void *arg, int timeout_ms)
+int pytshm_block(pytshm_blocking_fn fn, void *arg, int timeout_ms,
+		 bool sliced)
 {
 	long long deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
-	int left = timeout_ms, ret, prev;
+	int left = timeout_ms, ret, prev, slice;
 
 	for (;;) {
+		slice = left;
+		if (sliced && (left < 0 || left > PYTSHM_SLICE_MS))
+			slice = PYTSHM_SLICE_MS;
 		Py_BEGIN_ALLOW_THREADS
 		prev = tshm_thread_set_intr(1);
-		ret = fn(arg, left);
+		ret = fn(arg, slice);
 		tshm_thread_set_intr(prev);
 		Py_END_ALLOW_THREADS
+		if (ret == -ETIMEDOUT && slice != left)
+			ret = -EINTR;	/* only a slice ran out */
 		if (ret != -EINTR)
 			return ret;
-		/* A handler ran: let Python's run, and stop if one raised. */
+		/* Let Python's handlers run, and stop if one raised. */
 		if (PyErr_CheckSignals())
 			return PYTSHM_RAISED;
 		if (timeout_ms > 0) {

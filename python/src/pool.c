@@ -107,7 +107,7 @@ static PyObject *pool_get(TshmPool *self, PyObject *args, PyObject *kwds)
 	 */
 	c.pool = self->pool;
 	self->busy++;
-	ret = pytshm_block(get_call, &c, ms);
+	ret = pytshm_block(get_call, &c, ms, true);
 	if (--self->busy == 0 && self->closed)
 		pool_destroy(self);
 	if (ret == PYTSHM_RAISED)

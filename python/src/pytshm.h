@@ -19,6 +19,8 @@
 #include <Python.h>
 #include <tshm.h>
 
+#include <stdbool.h>
+
 typedef struct {
 	PyObject_HEAD
 	struct tshm_ctx *ctx;
@@ -59,10 +61,18 @@ int pytshm_timeout_ms(PyObject *timeout, int *ms);
  * its waits so that signal handlers (Ctrl-C) run: a handler that raises
  * ends the call (PYTSHM_RAISED), one that does not resumes it with what
  * is left of the timeout.
+ *
+ * A signal that lands as a wait ends for another reason (its slice ran out)
+ * runs its handler without any EINTR, so a @sliced call also waits at most
+ * PYTSHM_SLICE_MS at a time and checks for handlers in between: Ctrl-C
+ * takes effect within that, whatever the timing.  Calls whose timeout has
+ * side effects (a barrier withdraws its arrival) pass @sliced false.
  */
 #define PYTSHM_RAISED	(-0x10000)
+#define PYTSHM_SLICE_MS	50
 typedef int (*pytshm_blocking_fn)(void *arg, int timeout_ms);
-int pytshm_block(pytshm_blocking_fn fn, void *arg, int timeout_ms);
+int pytshm_block(pytshm_blocking_fn fn, void *arg, int timeout_ms,
+		 bool sliced);
 
 /*
  * Segments this process has mapped, by address, so that a buffer inside

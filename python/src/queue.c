@@ -128,7 +128,7 @@ static PyObject *queue_send(TshmQueue *self, PyObject *args)
 	c.nsegs = n;
 	c.buf = data.buf;
 	c.len = data.len;
-	r = pytshm_block(send_call, &c, ms);
+	r = pytshm_block(send_call, &c, ms, true);
 	for (i = 0; i < n; i++)
 		tshm_seg_unref(c.segs[i]);
 	if (r < 0) {
@@ -182,7 +182,7 @@ static PyObject *queue_recv(TshmQueue *self, PyObject *args)
 		return NULL;
 	c.buf = PyBytes_AS_STRING(bytes);
 	tshm_queue_ref(self->q);
-	r = pytshm_block(recv_call, &c, ms);
+	r = pytshm_block(recv_call, &c, ms, true);
 	tshm_queue_unref(self->q);
 	if (r < 0) {
 		Py_DECREF(bytes);

@@ -251,7 +251,7 @@ static PyObject *segment_wait_released(TshmSegment *self, PyObject *args,
 	if (!seg)
 		return NULL;
 	tshm_seg_ref(seg);	/* a close() meanwhile must not free it */
-	ret = pytshm_block(wait_released_call, seg, ms);
+	ret = pytshm_block(wait_released_call, seg, ms, true);
 	tshm_seg_unref(seg);
 	if (ret == PYTSHM_RAISED)
 		return NULL;

@@ -47,7 +47,7 @@ static int sync_wait(PyObject *segobj, void *obj, pytshm_blocking_fn fn,
 	int ret;
 
 	tshm_seg_ref(c.seg);
-	ret = pytshm_block(fn, &c, timeout_ms);
+	ret = pytshm_block(fn, &c, timeout_ms, fn != barrier_wait_call);
 	tshm_seg_unref(c.seg);
 	return ret;
 }

@@ -1,0 +1,38 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Builds the _tshm extension with libtshm compiled in (statically: no
+libtshm.so is needed at run time).  The sources are those of the checkout
+this directory sits in (../lib), so build from a checkout:
+
+    python3 -m pip install --no-build-isolation ./python
+"""
+
+import glob
+import os
+
+from setuptools import Extension, setup
+
+here = os.path.dirname(os.path.abspath(__file__))
+top = os.path.dirname(here)
+
+
+def rel(*parts):
+    return os.path.relpath(os.path.join(top, *parts), here)
+
+
+lib_sources = sorted(glob.glob(os.path.join(top, "lib", "*.c")))
+if not lib_sources:
+    raise SystemExit("setup.py: libtshm's sources (../lib) not found; "
+                     "build from a tshm checkout")
+
+setup(ext_modules=[Extension(
+    "tshm._tshm",
+    sources=sorted(glob.glob(os.path.join("src", "*.c")))
+    + [os.path.relpath(p, here) for p in lib_sources],
+    include_dirs=[rel("lib", "include"), rel("lib"),
+                  rel("kmod", "include", "uapi")],
+    define_macros=[("_GNU_SOURCE", None)],
+    extra_compile_args=["-std=gnu11", "-fvisibility=hidden",
+                        "-fno-strict-aliasing"],
+    extra_link_args=["-Wl,--exclude-libs,ALL"],
+    libraries=["pthread"],
+)])
