@@ -99,6 +99,9 @@ static PyMethodDef module_methods[] = {
 	{ "_locate", pytshm_locate, METH_O,
 	  "_locate(buffer) -> (Segment, offset) or None\n\n"
 	  "The segment a buffer lies in, if it lies wholly in one this process maps." },
+	{ "_locate_address", pytshm_locate_address, METH_VARARGS,
+	  "_locate_address(address, length) -> (Segment, offset) or None\n\n"
+	  "The same for raw memory, such as a torch storage's data_ptr()." },
 	{ "_event_op", pytshm_event_op, METH_VARARGS,
 	  "_event_op(segment, op, timeout_ms) -> int (private: tshm.Event)" },
 	{ "_barrier_op", pytshm_barrier_op, METH_VARARGS,

@@ -82,6 +82,7 @@ PyObject *pytshm_segment_wrap(struct tshm_seg *seg);	/* takes the ref */
 TshmSegment *pytshm_segment_containing(const void *addr, Py_ssize_t len);
 struct tshm_seg *pytshm_segment_get(PyObject *obj);	/* borrowed */
 PyObject *pytshm_locate(PyObject *module, PyObject *obj);
+PyObject *pytshm_locate_address(PyObject *module, PyObject *args);
 
 PyObject *pytshm_event_op(PyObject *module, PyObject *args);
 PyObject *pytshm_barrier_op(PyObject *module, PyObject *args);

@@ -323,6 +323,31 @@ PyObject *pytshm_locate(PyObject *module, PyObject *obj)
 	return obj;
 }
 
+PyObject *pytshm_locate_address(PyObject *module, PyObject *args)
+{
+	unsigned long long addr;
+	Py_ssize_t len;
+	TshmSegment *s;
+
+	if (!PyArg_ParseTuple(args, "Kn:_locate_address", &addr, &len))
+		return NULL;
+	if (len <= 0)
+		return PyErr_Format(PyExc_ValueError,
+				    "length must be positive, not %zd", len);
+	s = pytshm_segment_containing((const void *)(uintptr_t)addr, len);
+	if (!s)
+		Py_RETURN_NONE;
+	return Py_BuildValue("(On)", s,
+			     (Py_ssize_t)((char *)(uintptr_t)addr - s->data));
+}
+
+static PyObject *segment_address(TshmSegment *self, void *closure)
+{
+	if (!pytshm_segment_get((PyObject *)self))
+		return NULL;
+	return PyLong_FromVoidPtr(self->data);
+}
+
 static PyObject *segment_id(TshmSegment *self, void *closure)
 {
 	struct tshm_seg *seg = pytshm_segment_get((PyObject *)self);
@@ -379,6 +404,9 @@ static PyGetSetDef segment_getset[] = {
 	{ "name", (getter)segment_name, NULL,
 	  "The name shown in /proc/tshm and /proc/PID/maps, or None.", NULL },
 	{ "closed", (getter)segment_closed, NULL, "True after close().", NULL },
+	{ "_address", (getter)segment_address, NULL,
+	  "Where the segment is mapped in this process (for torch storages).",
+	  NULL },
 	{ NULL }
 };
 

@@ -173,3 +173,13 @@ def test_pool_is_not_picklable():
     with tshm.Pool(1, 4096) as pool:
         with pytest.raises(TypeError):
             pickle.dumps(pool)
+
+
+def test_locate_address():
+    from tshm._tshm import _locate_address
+    seg = tshm.Segment(8192)
+    assert _locate_address(seg._address + 10, 100) == (seg, 10)
+    assert _locate_address(seg._address + 8000, 500) is None
+    assert _locate_address(seg._address - 1, 2) is None
+    with pytest.raises(ValueError):
+        _locate_address(seg._address, 0)
