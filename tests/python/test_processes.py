@@ -7,6 +7,7 @@ limit."""
 import hashlib
 import multiprocessing as mp
 import os
+import queue
 import resource
 import signal
 import subprocess
@@ -265,8 +266,11 @@ def test_keep_2000_arrays_with_128_fds(kmod_only):
     p = mp.get_context("fork").Process(target=_keeper,
                                        args=(q, results, count))
     p.start()
-    for i in range(count):
-        q.put(np.full(8192, i % 251, dtype=np.uint8))
+    try:
+        for i in range(count):
+            q.put(np.full(8192, i % 251, dtype=np.uint8), timeout=60)
+    except queue.Full:
+        pass  # the consumer stopped taking: its report says why
     status, kept = results.get(timeout=300)
     p.join(60)
     assert (status, kept) == ("ok", count)
