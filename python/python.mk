@@ -14,7 +14,8 @@ PY_EXT_SUFFIX := $(call py_cfg,EXT_SUFFIX)
 PY_VERSION   := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 PY_SRCS      := $(sort $(wildcard python/src/*.c))
 PY_HDRS      := $(wildcard python/src/*.h) lib/include/tshm.h
-PY_FILES     := $(wildcard python/tshm/*.py python/tshm/*.pyi) python/tshm/py.typed
+PY_FILES     := $(wildcard python/tshm/*.py python/tshm/*.pyi python/tshm/torch/*.py) \
+		python/tshm/py.typed
 PY_EXT       := $(PY_B)/tshm/_tshm$(PY_EXT_SUFFIX)
 PY_ASAN_EXT  := $(PY_ASAN_B)/tshm/_tshm$(PY_EXT_SUFFIX)
 PY_COPIES    := $(patsubst python/%,$(PY_B)/%,$(PY_FILES))
@@ -62,5 +63,9 @@ $(PY_ASAN_B)/tshm/%: python/tshm/%
 
 install-python: $(PY_EXT) $(PY_COPIES)
 	install -d $(DESTDIR)$(PY_SITE)/tshm
-	install -m 0644 $(PY_COPIES) $(DESTDIR)$(PY_SITE)/tshm/
+	install -d $(DESTDIR)$(PY_SITE)/tshm/torch
+	install -m 0644 $(filter-out $(PY_B)/tshm/torch/%,$(PY_COPIES)) \
+		$(DESTDIR)$(PY_SITE)/tshm/
+	install -m 0644 $(filter $(PY_B)/tshm/torch/%,$(PY_COPIES)) \
+		$(DESTDIR)$(PY_SITE)/tshm/torch/
 	install -m 0755 $(PY_EXT) $(DESTDIR)$(PY_SITE)/tshm/

@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The "tshm" sharing strategy: how CPU tensors and storages pickle.
+
+These reducers are registered with multiprocessing's ForkingPickler for
+the classes torch.multiprocessing registers its own for, and hand every
+object back to torch's reducer unless the strategy is "tshm" (so that
+set_sharing_strategy() switches back and forth at any time).
+
+A CPU storage travels as (segment, offset, length): the segment pickles
+the way tshm.Segment always does (tshm/_reduction.py); the receiver
+maps the same pages and gets a storage over them, so a received tensor is
+shared with the sender, and sending it on again sends the same segment.
+A tensor whose storage is not in a segment yet is moved into one first,
+as torch's own strategies move it into shared memory: the sender's tensor
+is shared from then on, and sending it again copies nothing.
+"""
+
+import multiprocessing.reduction
+
+import torch
+import torch.multiprocessing
+import torch.multiprocessing.reductions as _torch_red
+
+from .._tshm import _locate_address
+from . import _alloc
+
+STRATEGY = "tshm"
+
+
+def active():
+    return torch.multiprocessing.get_sharing_strategy() == STRATEGY
+
+
+def locate(storage):
+    """(segment, offset) of a CPU storage's bytes, or None."""
+    n = storage.nbytes()
+    if n == 0:
+        return None
+    return _locate_address(storage.data_ptr(), n)
+
+
+def _shareable(tensor):
+    return (tensor.device.type == "cpu" and tensor.layout == torch.strided
+            and not tensor.is_quantized)
+
+
+def move_to_segment(tensor):
+    """Move tensor's storage into tshm memory, in place (as torch's
+    share_memory_() does): the tensor keeps its size, stride and offset."""
+    old = _alloc.untyped(tensor)
+    n = old.nbytes()
+    if n == 0 or locate(old) is not None:
+        return tensor
+    new = _alloc.new_shared(n)
+    new.copy_(old)
+    with torch.no_grad():
+        tensor.set_(new, tensor.storage_offset(), tensor.size(),
+                    tensor.stride())
+    return tensor
+
+
+def _export(storage):
+    """The picklable form of a CPU storage: its segment, offset, length."""
+    n = storage.nbytes()
+    if n == 0:
+        return None, 0, 0
+    found = locate(storage)
+    if found is None:
+        # A bare storage cannot be moved in place: send a copy.
+        copy = _alloc.new_shared(n)
+        copy.copy_(storage)
+        found = locate(copy)
+    seg, off = found
+    _alloc.mark_exported(seg)
+    return seg, off, n
+
+
+def _import(seg, off, n):
+    if n == 0:
+        return torch.UntypedStorage(0)
+    return _alloc.storage_over(seg, off, n)[0]
+
+
+def rebuild_storage(seg, off, n):
+    return _import(seg, off, n)
+
+
+def rebuild_tensor(cls, seg, off, n, dtype, meta):
+    offset, size, stride, requires_grad = meta
+    t = torch.empty((0,), dtype=dtype)
+    with torch.no_grad():
+        t.set_(_import(seg, off, n), offset, size, stride)
+    if cls is torch.nn.parameter.Parameter:
+        return torch.nn.parameter.Parameter(t, requires_grad=requires_grad)
+    t.requires_grad = requires_grad
+    if cls is not torch.Tensor:
+        t = t.as_subclass(cls)
+    return t
+
+
+def reduce_tensor(tensor):
+    if not active() or not _shareable(tensor):
+        return _torch_red.reduce_tensor(tensor)
+    if tensor.requires_grad and not tensor.is_leaf:
+        raise RuntimeError(
+            "Cowardly refusing to serialize non-leaf tensor which "
+            "requires_grad: call detach() on it before sending it")
+    move_to_segment(tensor)
+    seg, off, n = _export(_alloc.untyped(tensor))
+    meta = (tensor.storage_offset(), tuple(tensor.size()),
+            tuple(tensor.stride()), tensor.requires_grad)
+    return rebuild_tensor, (type(tensor), seg, off, n, tensor.dtype, meta)
+
+
+def reduce_storage(storage):
+    if not active() or storage.device.type != "cpu":
+        return _torch_red.reduce_storage(storage)
+    return rebuild_storage, _export(storage)
+
+
+def register():
+    """Register the reducers where torch.multiprocessing registers its own
+    (torch.multiprocessing.reductions.init_reductions())."""
+    fp = multiprocessing.reduction.ForkingPickler
+    for t in torch._storage_classes:
+        if t.__name__ == "UntypedStorage":
+            fp.register(t, reduce_storage)
+    for t in list(torch._tensor_classes) + [torch.Tensor,
+                                             torch.nn.parameter.Parameter]:
+        fp.register(t, reduce_tensor)
