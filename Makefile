@@ -3,7 +3,8 @@
 # tshm: one entry point.  Everything built goes under $(B)/ (default build/).
 #
 #   make            module, library, tools, tests, benchmarks
-#   make kmod       only the module (against Debian's linux-headers-<ver>-amd64)
+#   make kmod       only the module, for KVER=6.1 (default) or KVER=6.12
+#                   (against Debian's headers for that kernel)
 #   make python     the Python package into $(B)/python (PYTHONPATH=$(B)/python)
 #   make check      every test: host suites (memfd fallback, plain and
 #                   ASan+UBSan) and VM suites (module loaded), one summary line
@@ -26,15 +27,30 @@ else
 Q :=
 endif
 
-# Facts about the kernel and the cache, resolved once by scripts/setup-deps
-# (which installs what is missing) and kept in $(B)/deps.mk.
+# Facts about the kernels and the cache, resolved once by scripts/setup-deps
+# (which installs what is missing) and kept in $(B)/deps.mk: TSHM_KERNELS
+# (6.1 6.12), and for each KREL_<k> (the release, 6.12.X+deb12-amd64) and
+# KHEADERS_<k>, k written with _ for . and -.
 DEPS_MK := $(B)/deps.mk
 ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
 -include $(DEPS_MK)
 endif
 $(DEPS_MK): scripts/setup-deps
 	@mkdir -p $(@D)
-	$(Q)scripts/setup-deps --print-env > $@.tmp && mv $@.tmp $@
+	$(Q)scripts/setup-deps --print-make > $@.tmp && mv $@.tmp $@
+
+# The kernel `make kmod` and `make install` build the module for: one of
+# $(TSHM_KERNELS).  KREL is its release, KHEADERS its headers (which may be
+# given instead: KHEADERS=/lib/modules/$(uname -r)/build).
+KVER     ?= 6.1
+kvar      = $(subst -,_,$(subst .,_,$(1)))
+KREL     := $(KREL_$(call kvar,$(KVER)))
+KHEADERS ?= $(KHEADERS_$(call kvar,$(KVER)))
+ifneq ($(TSHM_KERNELS),)
+ifeq ($(filter $(KVER),$(TSHM_KERNELS)),)
+$(error KVER=$(KVER) is not one of: $(TSHM_KERNELS))
+endif
+endif
 
 KSELFTEST := $(KTREE)/tools/testing/selftests
 

@@ -33,6 +33,8 @@
 #include <linux/wait.h>
 #include <linux/tshm.h>
 
+#include "compat.h"
+
 struct tshm_user;
 
 /**

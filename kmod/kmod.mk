@@ -1,12 +1,16 @@
 # SPDX-License-Identifier: GPL-2.0
-# The module, built out of tree against Debian's linux-headers-$(KVER), and
+# The module, built out of tree against Debian's headers of every kernel in
+# $(TSHM_KERNELS) (6.1 into $(B)/kmod, the others into $(B)/kmod-<k>), and
 # (make kmod-debug) against the debug kernel of scripts/build-debug-kernel.
+# make kmod builds the one for $(KVER).
 # Kbuild writes its objects next to the sources it is given, so the sources
 # are mirrored into the build folder as symlinks and built there.
 
 KMOD_SRCS    := $(wildcard kmod/*.c kmod/*.h) kmod/Kbuild
-KMOD_B       := $(B)/kmod
-KO           := $(KMOD_B)/tshm.ko
+# kmod_dir K: where the module for kernel K is built.
+kmod_dir      = $(if $(filter 6.1,$(1)),$(B)/kmod,$(B)/kmod-$(1))
+KO           := $(call kmod_dir,$(KVER))/tshm.ko
+KOS          := $(foreach k,$(TSHM_KERNELS),$(call kmod_dir,$(k))/tshm.ko)
 KO_DEBUG     := $(B)/kmod-debug/tshm.ko
 KMOD_DEPS    := $(KMOD_SRCS) $(wildcard kmod/include/uapi/linux/*.h) $(DEPS_MK)
 
@@ -22,14 +26,18 @@ define kmod_build
 	$(Q)if grep -E ': (warning|error):' $(2)/build.log; then exit 1; fi
 endef
 
-ALL += $(KO)
+ALL += $(KOS)
 
 .PHONY: kmod kmod-debug kmod-lint
 kmod: $(KO)
 kmod-debug: $(KO_DEBUG)
 
-$(KO): $(KMOD_DEPS)
-	$(call kmod_build,$(KHEADERS),$(KMOD_B))
+# One rule per kernel; $(KVER)'s takes $(KHEADERS), which may be overridden.
+define kmod_rule
+$(call kmod_dir,$(1))/tshm.ko: $$(KMOD_DEPS)
+	$$(call kmod_build,$(if $(filter $(1),$(KVER)),$$(KHEADERS),$$(KHEADERS_$(call kvar,$(1)))),$(call kmod_dir,$(1)))
+endef
+$(foreach k,$(TSHM_KERNELS),$(eval $(call kmod_rule,$(k))))
 
 # Not part of 'all': the first build of the debug kernel takes minutes.
 $(KO_DEBUG): $(KMOD_DEPS) scripts/build-debug-kernel scripts/debug-kernel.config

@@ -59,11 +59,7 @@ static int tshm_vm_set_policy(struct vm_area_struct *vma,
 	return tshm_shmem_vm_ops->set_policy(vma, new);
 }
 
-static struct mempolicy *tshm_vm_get_policy(struct vm_area_struct *vma,
-					    unsigned long addr)
-{
-	return tshm_shmem_vm_ops->get_policy(vma, addr);
-}
+TSHM_DEFINE_GET_POLICY_FORWARD(tshm_vm_get_policy, tshm_shmem_vm_ops)
 #endif
 
 static const struct vm_operations_struct tshm_vm_ops = {
@@ -128,7 +124,7 @@ int tshm_seg_mmap(struct file *file, struct vm_area_struct *vma)
 	if (h->rdonly) {
 		if (vma->vm_flags & VM_WRITE)
 			return -EACCES;
-		vma->vm_flags &= ~VM_MAYWRITE;
+		vm_flags_clear(vma, VM_MAYWRITE);
 	}
 
 	/* On error the core puts whatever vm_file is then. */
@@ -177,5 +173,6 @@ unsigned long tshm_seg_get_unmapped_area(struct file *file,
 	if (shmem->f_op->get_unmapped_area)
 		return shmem->f_op->get_unmapped_area(shmem, addr, len, pgoff,
 						      flags);
-	return current->mm->get_unmapped_area(file, addr, len, pgoff, flags);
+	return mm_get_unmapped_area(current->mm, file, addr, len, pgoff,
+				    flags);
 }

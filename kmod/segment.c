@@ -76,7 +76,7 @@ static const struct file_operations tshm_anchor_fops = {
 };
 
 /* The size of a segment never changes, nor its fd's owner or mode. */
-static int tshm_seg_setattr(struct user_namespace *mnt_userns,
+static int tshm_seg_setattr(struct tshm_idmap *idmap,
 			    struct dentry *dentry, struct iattr *attr)
 {
 	return -EPERM;
@@ -411,9 +411,9 @@ static long tshm_ioc_grant(struct file *file, void __user *uarg)
 		return -EFAULT;
 
 	f = fdget(arg.ctx_fd);
-	if (!f.file)
+	if (!fd_file(f))
 		return -EBADF;
-	ctx = tshm_ctx_from_file(f.file);
+	ctx = tshm_ctx_from_file(fd_file(f));
 	if (!ctx) {
 		err = -EINVAL;
 		goto out;

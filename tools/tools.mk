@@ -21,13 +21,13 @@ $(TSHMCTL): $(TSHMCTL_SRCS) $(TSHMCTL_HDRS) kmod/include/uapi/linux/tshm.h \
 		-DTSHMCTL_VERSION='"$(TSHM_VERSION)"' -o $@ \
 		$(TSHMCTL_SRCS) $(KMOD_LIBS)
 
-# make install: the tool, its man pages, the module for $(KVER) (with
+# make install: the tool, its man pages, the module for $(KREL) (with
 # depmod unless DESTDIR is set: a staged tree is indexed where it lands),
 # the DKMS source tree and the udev rule for /dev/tshm.
 SBINDIR  ?= $(PREFIX)/sbin
 MANDIR   ?= $(PREFIX)/share/man
 UDEVDIR  ?= /lib/udev/rules.d
-MODDIR   := /lib/modules/$(KVER)/extra
+MODDIR   := /lib/modules/$(KREL)/extra
 DKMSDIR  := /usr/src/tshm-$(TSHM_VERSION)
 
 install: install-tools
@@ -38,7 +38,7 @@ install-tools: $(TSHMCTL) $(KO)
 	install -D -m 0644 Documentation/man/tshm.4 $(DESTDIR)$(MANDIR)/man4/tshm.4
 	install -D -m 0644 Documentation/man/tshm.7 $(DESTDIR)$(MANDIR)/man7/tshm.7
 	install -D -m 0644 $(KO) $(DESTDIR)$(MODDIR)/tshm.ko
-	$(if $(DESTDIR),,depmod -a $(KVER))
+	$(if $(DESTDIR),,depmod -a $(KREL))
 	install -d $(DESTDIR)$(DKMSDIR)/include/uapi/linux
 	install -m 0644 kmod/Kbuild kmod/dkms.conf $(wildcard kmod/*.c kmod/*.h) \
 		$(DESTDIR)$(DKMSDIR)/

@@ -13,7 +13,7 @@ eval "$("$top/scripts/setup-deps" --print-env)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-ktap_plan 8
+ktap_plan 9
 
 # 1. COMMAND's exit status is vm-run's, with no terminal and no stdin.
 setsid "$vm" --no-module -- sh -c 'exit 7' < /dev/null > "$tmp/out" 2>&1
@@ -79,4 +79,19 @@ ktap_check "a failing command fails vm-run" [ $? = 1 ]
 "$vm" --no-module --keep-log "$tmp/klog" -- true > "$tmp/out" 2>&1
 ktap_check "--keep-log keeps the guest dmesg" grep -q 'Linux version' "$tmp/klog"
 
+
+# 9. --kernel 6.12 boots Debian's 6.12 with the module built for it loaded.
+if [ -r "$B/kmod-6.12/tshm.ko" ]; then
+	"$vm" --kernel 6.12 -- sh -c 'uname -r; grep "^tshm " /proc/modules' \
+		> "$tmp/out" 2>&1
+	rc=$?
+	if [ "$rc" = 0 ] && [ "$(sed -n 1p "$tmp/out")" = "$KREL_6_12" ] &&
+	   grep -q '^tshm ' "$tmp/out"; then
+		ktap_ok "--kernel 6.12: uname -r is $KREL_6_12, tshm loaded"
+	else
+		ktap_fail "--kernel 6.12" "rc=$rc: $(tail -n 20 "$tmp/out")"
+	fi
+else
+	ktap_skip "--kernel 6.12" "module for 6.12 not built"
+fi
 ktap_done
