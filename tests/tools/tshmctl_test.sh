@@ -11,13 +11,12 @@ B=${B:-build}
 case $B in /*) ;; *) B=$top/$B ;; esac
 T=$B/tools/tshmctl
 H=$B/tests/tools/seghold
-# The module to load again: build/kmod/tshm.ko, or the debug build when
-# that is what this kernel (vm-run --debug) takes.
-KO=$B/kmod/tshm.ko KO_ARGS=()
-if [ -e "$B/kmod-debug/tshm.ko" ] &&
-   ! modinfo -F vermagic "$KO" 2>/dev/null | grep -q "^$(uname -r) "; then
-	KO=$B/kmod-debug/tshm.ko KO_ARGS=(--module "$KO")
-fi
+# The module to load again: the one vm-run loaded (TSHM_MODULE: the build
+# for this kernel, 6.1's, 6.12's or the debug one), named with --module
+# where it is not the file next to tshmctl (build/kmod/tshm.ko, 6.1's).
+KO=${TSHM_MODULE:-$B/kmod/tshm.ko} KO_ARGS=()
+KO_FROM="the file next to tshmctl"
+[ "$KO" -ef "$B/kmod/tshm.ko" ] || KO_ARGS=(--module "$KO") KO_FROM="--module $KO"
 
 ktap_plan 46
 if [ "$(id -u)" != 0 ] || [ ! -e /proc/tshm ] || [ ! -x "$T" ] || [ ! -x "$H" ]; then
@@ -223,5 +222,5 @@ run p4 "$T" load
 ktap_check "load when loaded: exit 4, already loaded" eval '[ $rc = 4 ] && has p4.err "already loaded"'
 run p5 "$T" unload
 run p6 "$T" load "${KO_ARGS[@]}"
-ktap_check "unload, load again with defaults (the file next to tshmctl)" eval '[ $rc = 0 ] && [ "$(cat /sys/module/tshm/parameters/max_user_segments)" = 16384 ]'
+ktap_check "unload, load again with defaults ($KO_FROM)" eval '[ $rc = 0 ] && [ "$(cat /sys/module/tshm/parameters/max_user_segments)" = 16384 ]'
 ktap_done
