@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later
+/*
+ * queue-wait.c - the ring lock and every sleep of a queue: a robust
+ * process-shared mutex taken by trylock and sliced sleeps (so that
+ * timeouts and signals are honoured and a dead holder is noticed), the
+ * futex words senders and receivers sleep on, and the eventfd of
+ * tshm_queue_fd().  Documentation/lib/queue.rst has the argument.
+ */
+#include <errno.h>
+#include <unistd.h>
+
+#include "queue.h"
+
+/* A published message or a close: ring the eventfd if a poller armed it. */
+void q_poll_wake(struct tshm_queue *q, bool force)
+{
+	uint64_t one = 1;
+
+	if (force || (atomic_load(&q->hdr->pollwait) &&
+		      atomic_exchange(&q->hdr->pollwait, 0))) {
+		if (write(q->efd, &one, sizeof(one)) < 0) {
+			/* Saturated: it is readable anyway. */
+		}
+	}
+}
+
+/* Under the lock, the ring found empty: make the next publish ring. */
+void q_poll_arm(struct tshm_queue *q)
+{
+	uint64_t v;
+
+	if (read(q->efd, &v, sizeof(v)) < 0) {
+		/* Nothing pending. */
+	}
+	atomic_store(&q->hdr->pollwait, 1);
+}
+
+/*
+ * 0 locked, 1 locked after a dead holder, < 0: -EAGAIN / -ETIMEDOUT at @dl,
+ * -EINTR, or the lock's error.  Never pthread_mutex_lock(): its wait
+ * honours neither a deadline nor a signal, and the holder may be a stopped
+ * process.
+ */
+int q_lock(struct tshm_queue *q, const struct deadline *dl)
+{
+	struct qhdr *hdr = q->hdr;
+	uint32_t seen;
+	unsigned i;
+	int ret;
+
+	for (i = 0;; i++) {
+		seen = atomic_load(&hdr->lockseq);
+		ret = pthread_mutex_trylock(&hdr->lock);
+		if (likely(ret == 0))
+			return 0;
+		if (ret == EOWNERDEAD) {
+			/*
+			 * The holder died inside send or recv.  Its changes
+			 * commit with one store to head or tail, and nothing
+			 * it wrote past them is visible, so the ring is
+			 * consistent as it is.
+			 */
+			pthread_mutex_consistent(&hdr->lock);
+			return 1;
+		}
+		if (ret != EBUSY)
+			return -ret;
+		if (i < QUEUE_LOCK_SPINS) {
+			cpu_relax();
+			continue;
+		}
+		if (deadline_expired(dl))
+			return deadline_err(dl);
+		atomic_store(&hdr->lockwait, 1);
+		if (atomic_load(&hdr->lockseq) != seen)
+			continue;
+		ret = futex_wait_slice(&hdr->lockseq, seen, dl);
+		if (ret == -EINTR)
+			return ret;
+	}
+}
+
+void q_wake(_Atomic uint32_t *word, _Atomic uint32_t *waiters,
+		   bool force)
+{
+	atomic_fetch_add(word, 1);
+	if (force || (atomic_load(waiters) && atomic_exchange(waiters, 0)))
+		futex_wake_all(word);
+}
+
+void q_unlock(struct tshm_queue *q, bool recovered)
+{
+	pthread_mutex_unlock(&q->hdr->lock);
+	q_wake(&q->hdr->lockseq, &q->hdr->lockwait, false);
+	if (unlikely(recovered)) {
+		/* The dead holder may have owed someone a wake-up. */
+		q_wake(&q->hdr->pub, &q->hdr->rwait, true);
+		q_wake(&q->hdr->con, &q->hdr->swait, true);
+	}
+}
+
+/*
+ * Wait until *@word moves from @seen, or for one sleep slice: 0 (the caller
+ * re-checks the ring), -EAGAIN / -ETIMEDOUT, -EINTR.  The slice is what
+ * makes a waker that died between its commit and its wake-up harmless.
+ */
+int q_wait(struct tshm_queue *q, _Atomic uint32_t *word, uint32_t seen,
+		  _Atomic uint32_t *waiters, const struct deadline *dl)
+{
+	int64_t until, t;
+	unsigned i = 0;
+
+	if (dl->nowait)
+		return -EAGAIN;
+	if (q->wait != TSHM_WAIT_FUTEX) {
+		until = dl->ns;
+		if (q->wait == TSHM_WAIT_ADAPTIVE) {
+			t = now_ns() + (int64_t)q->spin_us * 1000;
+			if (t < until)
+				until = t;
+		}
+		for (;;) {
+			if (atomic_load_explicit(word, memory_order_acquire) !=
+			    seen)
+				return 0;
+			cpu_relax();
+			if ((++i & 127) == 0) {
+				t = now_ns();
+				if (t >= dl->ns)
+					return -ETIMEDOUT;
+				if (t >= until)
+					break;
+			}
+		}
+	}
+	atomic_store(waiters, 1);
+	if (atomic_load(word) != seen)
+		return 0;
+	return futex_wait_slice(word, seen, dl);
+}
+
