@@ -16,8 +16,11 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 import tshm  # noqa: E402
 import tshm.torch  # noqa: E402
 from tshm import _tshm  # noqa: E402
+from conftest import IN_VM  # noqa: E402
 
-METHODS = ["fork", "spawn", "forkserver"]
+# In the VM (emulated, `import torch` takes half a minute) only fork,
+# which starts with torch imported: spawn and forkserver run on the host.
+METHODS = ["fork"] if IN_VM else ["fork", "spawn", "forkserver"]
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
           torch.int64, torch.float16, torch.bfloat16, torch.float32,

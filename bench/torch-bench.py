@@ -1,0 +1,146 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: GPL-2.0
+"""tshm.torch against torch's own sharing strategies, in one run, one table.
+
+  PYTHONPATH=build/python bench/torch-bench.py [--quick]
+
+Rows:
+* queue latency: a tensor through a torch.multiprocessing Queue to a
+  worker, which answers with a small int on a second queue; the time of
+  that round trip per tensor (4 KiB, 1 MiB, 64 MiB), the same tensor
+  re-sent or a fresh one each time;
+* DataLoader throughput (batches/s, 2 workers, fork): items of (a) one
+  16 MiB tensor, (b) a dict of 64 small tensors (256 floats each),
+  batch_size 4.
+
+Columns: file_descriptor, file_system, tshm, and the ratios of tshm to
+each (how many times faster tshm is).  Medians of repeated runs where
+cheap.  The figures depend on the machine: compare columns of one run.
+"""
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.multiprocessing as tmp
+from torch.utils.data import DataLoader, Dataset
+
+import tshm.torch
+
+STRATEGIES = ["file_descriptor", "file_system", "tshm"]
+
+
+def use(strategy):
+    tmp.set_sharing_strategy(strategy)
+
+
+def _echo(q, r):
+    while True:
+        t = q.get()
+        if t is None:
+            return
+        r.put(int(t.numel()))
+        del t
+
+
+def queue_latency(strategy, nbytes, resend, iters):
+    use(strategy)
+    ctx = mp.get_context("fork")
+    q, r = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_echo, args=(q, r))
+    p.start()
+    numel = nbytes // 4
+    same = torch.ones(numel)
+    q.put(same)          # warm up: the worker and the first transfer
+    r.get()
+    times = []
+    for _ in range(iters):
+        t = same if resend else torch.ones(numel)
+        t0 = time.perf_counter()
+        q.put(t)
+        r.get()
+        times.append(time.perf_counter() - t0)
+        del t
+    q.put(None)
+    p.join()
+    return statistics.median(times)
+
+
+class Big(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((4 << 20,), float(i))      # 16 MiB
+
+
+class Small(Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        return {f"k{j}": torch.full((256,), float(i)) for j in range(64)}
+
+
+def loader_rate(strategy, ds):
+    use(strategy)
+    ctx = (tshm.torch.get_context("fork") if strategy == "tshm"
+           else mp.get_context("fork"))
+    dl = DataLoader(ds, batch_size=4, num_workers=2,
+                    multiprocessing_context=ctx, persistent_workers=False)
+    it = iter(dl)
+    next(it)             # workers started and warm
+    n = 0
+    t0 = time.perf_counter()
+    for _ in it:
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def fmt_time(s):
+    return f"{s * 1e6:9.1f} us" if s < 0.01 else f"{s * 1e3:9.2f} ms"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer iterations (a smoke run)")
+    args = ap.parse_args()
+    k = 0.2 if args.quick else 1
+    rows = []
+    for nbytes, name, iters in ((4096, "4 KiB", 200), (1 << 20, "1 MiB", 100),
+                                (64 << 20, "64 MiB", 10)):
+        for resend in (True, False):
+            label = f"queue {name} {'re-sent' if resend else 'fresh'}"
+            vals = [queue_latency(s, nbytes, resend, max(3, int(iters * k)))
+                    for s in STRATEGIES]
+            rows.append((label, vals, "time"))
+    for ds, label in ((Big(), "DataLoader (a) 16 MiB item"),
+                      (Small(), "DataLoader (b) 64 small tensors")):
+        vals = [loader_rate(s, ds) for s in STRATEGIES]
+        rows.append((label + " batches/s", vals, "rate"))
+
+    print(f"torch {torch.__version__}, tshm backend "
+          f"{tshm.default_context().backend}, {os.cpu_count()} CPUs")
+    head = (f"{'':38} {'file_descriptor':>15} {'file_system':>15} "
+            f"{'tshm':>15} {'vs fd':>7} {'vs fs':>7}")
+    print(head)
+    print("-" * len(head))
+    for label, (fd, fs, ts), kind in rows:
+        if kind == "time":
+            cells = [fmt_time(v) for v in (fd, fs, ts)]
+            r1, r2 = fd / ts, fs / ts
+        else:
+            cells = [f"{v:12.1f}/s" for v in (fd, fs, ts)]
+            r1, r2 = ts / fd, ts / fs
+        print(f"{label:38} {cells[0]:>15} {cells[1]:>15} {cells[2]:>15} "
+              f"{r1:6.1f}x {r2:6.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
