@@ -13,7 +13,8 @@ PY_INCLUDE   := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path
 PY_EXT_SUFFIX := $(call py_cfg,EXT_SUFFIX)
 PY_VERSION   := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 PY_SRCS      := $(sort $(wildcard python/src/*.c))
-PY_HDRS      := $(wildcard python/src/*.h) lib/include/tshm.h
+PY_HDRS      := $(wildcard python/src/*.h) lib/include/tshm.h \
+		lib/include/tshm-spawn.h
 PY_FILES     := $(wildcard python/tshm/*.py python/tshm/*.pyi python/tshm/torch/*.py) \
 		python/tshm/py.typed
 PY_EXT       := $(PY_B)/tshm/_tshm$(PY_EXT_SUFFIX)

@@ -175,6 +175,7 @@ PyMODINIT_FUNC PyInit__tshm(void)
 	    add_type(m, &TshmSegment_Type, "Segment") < 0 ||
 	    add_type(m, &TshmQueue_Type, "_Queue") < 0 ||
 	    add_type(m, &TshmPool_Type, "Pool") < 0 ||
+	    add_type(m, &TshmProcs_Type, "_Procs") < 0 ||
 	    PyModule_AddIntConstant(m, "QUEUE_MAX_SEGS", TSHM_QUEUE_MAX_SEGS) ||
 	    PyModule_AddIntConstant(m, "SEG_NAME_MAX", TSHM_SEG_NAME_MAX) ||
 	    PyModule_AddIntConstant(m, "EVENT_SIZE", sizeof(struct tshm_event)) ||

@@ -39,6 +39,7 @@ extern PyTypeObject TshmContext_Type;
 extern PyTypeObject TshmSegment_Type;
 extern PyTypeObject TshmQueue_Type;
 extern PyTypeObject TshmPool_Type;
+extern PyTypeObject TshmProcs_Type;	/* spawn.c */
 
 /* Exceptions the module defines or borrows (set up by module init). */
 extern PyObject *pytshm_QueueClosed;

@@ -26,7 +26,7 @@ import torch.multiprocessing
 from . import _alloc, _reductions
 from ._reductions import STRATEGY, active, locate, move_to_segment
 
-__all__ = ["install", "uninstall", "installed", "get_context",
+__all__ = ["install", "uninstall", "installed", "get_context", "spawn",
            "SMALL_MAX", "ARENA_SIZE"]
 
 SMALL_MAX = _alloc.SMALL_MAX
@@ -173,3 +173,16 @@ def get_context(method=None):
     return cls()
 
 
+
+
+def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
+          start_method="spawn"):
+    """A drop-in for torch.multiprocessing.spawn on libtshm's supervisor:
+    fn(rank, *args) in nprocs fresh interpreters with tshm installed; a
+    worker's exception comes back with its traceback and terminates the
+    rest; workers never outlive this process (SIGKILL included); each
+    worker gets floor(usable CPUs / nprocs) threads unless the caller set
+    OMP_NUM_THREADS.  With join=False, returns a context whose join()
+    works as torch's.  See tshm/torch/_spawn.py."""
+    from ._spawn import spawn as _spawn
+    return _spawn(fn, args, nprocs, join, daemon, start_method)

@@ -1,0 +1,353 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later
+/*
+ * spawn.c - tshm._tshm._Procs: N worker processes that exec a given argv,
+ * started and supervised by libtshm's spawner (tshm-spawn.h).
+ *
+ * Python cannot run in a bare fork() of a threaded interpreter, so each
+ * worker is forked by the library (FORK method) and at once execs the argv
+ * it was given, with its rank and nprocs appended.  exec keeps what the
+ * library set up in the child: the process group, the parent-death signal
+ * (not cleared by exec of an ordinary binary), the thread budget in
+ * OMP_NUM_THREADS and friends; the library reaps the workers, reports the
+ * first failure and terminates the rest.  What a worker says about its
+ * failure (a Python traceback) travels outside the library, since exec
+ * ends the library's worker runtime: see tshm/torch/_spawn.py.
+ *
+ * The argv is copied into the spawn attributes as one blob (the library
+ * copies it for every worker); the child only walks it and execs: no
+ * allocation between fork and exec.
+ */
+#include "pytshm.h"
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <tshm-spawn.h>
+
+#define EXEC_MAX_ARGS	64
+
+typedef struct {
+	PyObject_HEAD
+	struct tshm_procs *procs;
+} TshmProcs;
+
+static char *utoa(char *buf, size_t len, unsigned int v)
+{
+	char *p = buf + len - 1;
+
+	*p = '\0';
+	do {
+		*--p = (char)('0' + v % 10);
+		v /= 10;
+	} while (v && p > buf);
+	return p;
+}
+
+/* Runs in the forked worker: exec blob's argv plus rank and nprocs. */
+static int exec_entry(int rank, int nprocs, void *arg)
+{
+	const char *blob = arg;
+	char *argv[EXEC_MAX_ARGS + 3];
+	char rbuf[16], nbuf[16];
+	unsigned int argc, i;
+
+	memcpy(&argc, blob, sizeof(argc));
+	blob += sizeof(argc);
+	for (i = 0; i < argc; i++) {
+		argv[i] = (char *)blob;
+		blob += strlen(blob) + 1;
+	}
+	argv[i++] = utoa(rbuf, sizeof(rbuf), (unsigned int)rank);
+	argv[i++] = utoa(nbuf, sizeof(nbuf), (unsigned int)nprocs);
+	argv[i] = NULL;
+	execv(argv[0], argv);
+	tshm_worker_fail("exec %s: %s", argv[0], strerror(errno));
+}
+
+/* argv (a sequence of str) as the blob exec_entry() reads. */
+static char *argv_blob(PyObject *seq, size_t *lenp)
+{
+	PyObject *fast = PySequence_Fast(seq, "argv must be a sequence of str");
+	Py_ssize_t n, i;
+	size_t len = sizeof(unsigned int), pos;
+	char *blob = NULL;
+	unsigned int argc;
+
+	if (!fast)
+		return NULL;
+	n = PySequence_Fast_GET_SIZE(fast);
+	if (n < 1 || n > EXEC_MAX_ARGS) {
+		PyErr_Format(PyExc_ValueError,
+			     "argv must hold 1 to %d strings", EXEC_MAX_ARGS);
+		goto out;
+	}
+	for (i = 0; i < n; i++) {
+		PyObject *s = PySequence_Fast_GET_ITEM(fast, i);
+		Py_ssize_t sl;
+		const char *u;
+
+		if (!PyUnicode_Check(s)) {
+			PyErr_SetString(PyExc_TypeError,
+					"argv must be a sequence of str");
+			goto out;
+		}
+		u = PyUnicode_AsUTF8AndSize(s, &sl);
+		if (!u)
+			goto out;
+		if ((Py_ssize_t)strlen(u) != sl) {
+			PyErr_SetString(PyExc_ValueError,
+					"argv strings must not contain NUL");
+			goto out;
+		}
+		len += (size_t)sl + 1;
+	}
+	blob = PyMem_Malloc(len);
+	if (!blob) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	argc = (unsigned int)n;
+	memcpy(blob, &argc, sizeof(argc));
+	pos = sizeof(argc);
+	for (i = 0; i < n; i++) {
+		Py_ssize_t sl;
+		const char *u = PyUnicode_AsUTF8AndSize(
+			PySequence_Fast_GET_ITEM(fast, i), &sl);
+
+		memcpy(blob + pos, u, (size_t)sl + 1);
+		pos += (size_t)sl + 1;
+	}
+	*lenp = len;
+out:
+	Py_DECREF(fast);
+	return blob;
+}
+
+static int set_envs(struct tshm_spawn_attr *attr, PyObject *env)
+{
+	PyObject *key, *value;
+	Py_ssize_t pos = 0;
+
+	if (env == Py_None)
+		return 0;
+	if (!PyDict_Check(env)) {
+		PyErr_SetString(PyExc_TypeError, "env must be a dict of str");
+		return -1;
+	}
+	while (PyDict_Next(env, &pos, &key, &value)) {
+		const char *k = PyUnicode_AsUTF8(key), *v;
+		int ret;
+
+		if (!k)
+			return -1;
+		v = value == Py_None ? NULL : PyUnicode_AsUTF8(value);
+		if (!v && value != Py_None)
+			return -1;
+		ret = tshm_spawn_attr_setenv(attr, k, v);
+		if (ret < 0) {
+			pytshm_raise(ret, "tshm_spawn_attr_setenv");
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static PyObject *procs_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "argv", "nprocs", "threads", "env",
+				  "grace_ms", NULL };
+	PyObject *argv, *env = Py_None;
+	int nprocs, threads = 0, grace_ms = TSHM_SPAWN_GRACE_MS, ret;
+	struct tshm_spawn_attr *attr = NULL;
+	struct tshm_procs *procs = NULL;
+	TshmProcs *self;
+	size_t len = 0;
+	char *blob;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|iOi", kwlist, &argv,
+					 &nprocs, &threads, &env, &grace_ms))
+		return NULL;
+	blob = argv_blob(argv, &len);
+	if (!blob)
+		return NULL;
+	ret = tshm_spawn_attr_create(&attr);
+	if (ret < 0) {
+		pytshm_raise(ret, "tshm_spawn_attr_create");
+		goto out;
+	}
+	ret = tshm_spawn_attr_set_nprocs(attr, nprocs);
+	if (!ret)
+		ret = tshm_spawn_attr_set_method(attr, TSHM_START_FORK);
+	if (!ret)
+		ret = tshm_spawn_attr_set_fn(attr, exec_entry);
+	if (!ret)
+		ret = tshm_spawn_attr_set_arg(attr, blob, len);
+	if (!ret)
+		ret = tshm_spawn_attr_set_threads(attr, threads);
+	if (!ret)
+		ret = tshm_spawn_attr_set_grace_ms(attr, grace_ms);
+	if (ret < 0) {
+		pytshm_raise(ret, "tshm_spawn_attr");
+		goto out;
+	}
+	if (set_envs(attr, env) < 0)
+		goto out;
+	Py_BEGIN_ALLOW_THREADS
+	ret = tshm_spawn(NULL, attr, &procs);
+	Py_END_ALLOW_THREADS
+	if (ret < 0) {
+		pytshm_raise(ret, "tshm_spawn");
+		goto out;
+	}
+	self = (TshmProcs *)type->tp_alloc(type, 0);
+	if (!self) {
+		tshm_procs_destroy(procs);
+		goto out;
+	}
+	self->procs = procs;
+	tshm_spawn_attr_destroy(attr);
+	PyMem_Free(blob);
+	return (PyObject *)self;
+out:
+	tshm_spawn_attr_destroy(attr);
+	PyMem_Free(blob);
+	return NULL;
+}
+
+static void procs_dealloc(TshmProcs *self)
+{
+	if (self->procs) {
+		Py_BEGIN_ALLOW_THREADS
+		tshm_procs_destroy(self->procs);
+		Py_END_ALLOW_THREADS
+	}
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static struct tshm_procs *procs_get(TshmProcs *self)
+{
+	if (!self->procs)
+		PyErr_SetString(PyExc_ValueError, "the process set is closed");
+	return self->procs;
+}
+
+struct join_args {
+	struct tshm_procs *procs;
+	struct tshm_failure failure;
+};
+
+static int join_fn(void *arg, int timeout_ms)
+{
+	struct join_args *j = arg;
+
+	return tshm_procs_join(j->procs, timeout_ms, &j->failure);
+}
+
+/*
+ * join(timeout=None) -> None when every worker exited 0, False when the
+ * timeout ran out, or the first failure as a tuple (rank, pid, exit_code,
+ * signo, message, summary); the other workers were terminated.
+ */
+static PyObject *procs_join(TshmProcs *self, PyObject *args)
+{
+	PyObject *timeout = Py_None;
+	struct join_args j;
+	int ms, ret;
+
+	if (!PyArg_ParseTuple(args, "|O", &timeout))
+		return NULL;
+	j.procs = procs_get(self);
+	if (!j.procs || pytshm_timeout_ms(timeout, &ms) < 0)
+		return NULL;
+	memset(&j.failure, 0, sizeof(j.failure));
+	ret = pytshm_block(join_fn, &j, ms, true);
+	if (ret == PYTSHM_RAISED)
+		return NULL;
+	if (ret == 0)
+		Py_RETURN_NONE;
+	if (ret == -ETIMEDOUT || ret == -EAGAIN)
+		Py_RETURN_FALSE;
+	if (ret == -ECANCELED)
+		return Py_BuildValue("(iiiiss)", j.failure.rank, j.failure.pid,
+				     j.failure.exit_code, j.failure.signo,
+				     j.failure.message, j.failure.summary);
+	return pytshm_raise(ret, j.failure.summary[0] ? j.failure.summary :
+			    "tshm_procs_join");
+}
+
+static PyObject *procs_pids(TshmProcs *self, PyObject *unused)
+{
+	struct tshm_procs *procs = procs_get(self);
+	PyObject *list;
+	int i, n;
+
+	if (!procs)
+		return NULL;
+	n = tshm_procs_nprocs(procs);
+	list = PyList_New(n);
+	for (i = 0; list && i < n; i++) {
+		PyObject *pid = PyLong_FromLong(tshm_procs_pid(procs, i));
+
+		if (!pid) {
+			Py_CLEAR(list);
+			break;
+		}
+		PyList_SET_ITEM(list, i, pid);
+	}
+	return list;
+}
+
+static PyObject *procs_terminate(TshmProcs *self, PyObject *unused)
+{
+	struct tshm_procs *procs = procs_get(self);
+	int ret;
+
+	if (!procs)
+		return NULL;
+	ret = tshm_procs_terminate(procs);
+	if (ret < 0)
+		return pytshm_raise(ret, "tshm_procs_terminate");
+	Py_RETURN_NONE;
+}
+
+static PyObject *procs_close(TshmProcs *self, PyObject *unused)
+{
+	struct tshm_procs *procs = self->procs;
+
+	self->procs = NULL;
+	if (procs) {
+		Py_BEGIN_ALLOW_THREADS
+		tshm_procs_destroy(procs);
+		Py_END_ALLOW_THREADS
+	}
+	Py_RETURN_NONE;
+}
+
+static PyMethodDef procs_methods[] = {
+	{ "join", (PyCFunction)procs_join, METH_VARARGS,
+	  "join(timeout=None) -> None (all exited 0), False (timeout) or\n"
+	  "(rank, pid, exit_code, signo, message, summary) of the first\n"
+	  "failure, the others terminated." },
+	{ "pids", (PyCFunction)procs_pids, METH_NOARGS,
+	  "pids() -> list of the workers' pids, by rank" },
+	{ "terminate", (PyCFunction)procs_terminate, METH_NOARGS,
+	  "terminate(): SIGTERM now, SIGKILL after the grace period" },
+	{ "close", (PyCFunction)procs_close, METH_NOARGS,
+	  "close(): terminate what still runs, reap, free" },
+	{ NULL, NULL, 0, NULL }
+};
+
+PyTypeObject TshmProcs_Type = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "tshm._tshm._Procs",
+	.tp_basicsize = sizeof(TshmProcs),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "_Procs(argv, nprocs, threads=0, env=None, grace_ms=3000)\n\n"
+		  "nprocs workers that exec argv + [rank, nprocs], supervised by\n"
+		  "libtshm: they die with this process, join() reports the first\n"
+		  "failure and terminates the rest.  Private: tshm.torch.spawn().",
+	.tp_new = procs_new,
+	.tp_dealloc = (destructor)procs_dealloc,
+	.tp_methods = procs_methods,
+};

@@ -1,0 +1,188 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""tshm.torch.spawn(): torch.multiprocessing.spawn on libtshm's supervisor.
+
+The workers are started by libtshm's spawner (python/src/spawn.c), each a
+fresh interpreter exec'ed with its rank: they are in a process group of
+their own, die with the parent (parent-death signal, kept across exec),
+get floor(usable CPUs / nprocs) threads, and the library's join reports
+the first failure and terminates the rest (SIGTERM, grace, SIGKILL).
+
+What a worker needs and says travels in two memfds the workers inherit
+(freed when the last holder exits, whatever kills it):
+
+* the payload: multiprocessing's preparation data (sys.path, the main
+  module, as its spawn start method sends), and (fn, args) pickled with
+  ForkingPickler once per rank, so tensors in args go the tshm way;
+* the error board: SLOT bytes per rank, where a worker that raised writes
+  its traceback before it exits with status 1.
+"""
+
+import os
+import pickle
+import sys
+import traceback
+from multiprocessing import reduction, spawn as mp_spawn
+
+from .._tshm import _Procs
+
+SLOT = 64 * 1024
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+_WORKER = ("import sys; from tshm.torch._spawn import _worker; "
+           "_worker(*sys.argv[1:])")
+
+
+def _exceptions():
+    try:
+        from torch.multiprocessing.spawn import (ProcessExitedException,
+                                                 ProcessRaisedException)
+        return ProcessRaisedException, ProcessExitedException
+    except ImportError:       # torch without them: plain exceptions
+        return None, None
+
+
+class ProcessContext:
+    """What spawn(join=False) returns: join() as torch's ProcessContext."""
+
+    def __init__(self, procs, board, nprocs):
+        self._procs = procs
+        self._board = board
+        self.nprocs = nprocs
+        self._pids = procs.pids()
+        self._done = False
+
+    def pids(self):
+        return list(self._pids)
+
+    def _traceback(self, rank):
+        raw = os.pread(self._board, SLOT, rank * SLOT)
+        return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+    def join(self, timeout=None):
+        """True once every worker exited 0; False if timeout ran out.
+        Raises for the first worker that failed (the others terminated):
+        torch's ProcessRaisedException with the worker's traceback, or
+        ProcessExitedException for an exit status or a signal."""
+        if self._done:
+            return True
+        res = self._procs.join(timeout)
+        if res is False:
+            return False
+        if res is None:
+            self._close()
+            return True
+        rank, pid, code, signo, message, summary = res
+        raised, exited = _exceptions()
+        tb = self._traceback(rank) if rank >= 0 else ""
+        self._close()
+        if tb:
+            msg = (f"\n\n-- Process {rank} terminated with the following "
+                   f"error:\n{tb}")
+            if raised is not None:
+                raise raised(msg, rank, pid)
+            raise RuntimeError(msg)
+        msg = f"process {summary or rank}" + (f": {message}" if message
+                                              else "")
+        if exited is not None:
+            import signal as _signal
+            name = _signal.Signals(signo).name if signo else None
+            raise exited(msg, rank, pid, code if not signo else -signo, name)
+        raise RuntimeError(msg)
+
+    def _close(self):
+        if not self._done:
+            self._done = True
+            self._procs.close()
+            os.close(self._board)
+
+    def __del__(self):
+        try:
+            self._close()
+        except Exception:
+            pass
+
+
+def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
+          start_method="spawn"):
+    """Start nprocs processes running fn(rank, *args), as
+    torch.multiprocessing.spawn does.  Workers always die with this
+    process (daemon is accepted for compatibility); start_method must be
+    "spawn": each worker is a fresh interpreter, safe with threads and
+    CUDA (a fork of a running interpreter is not, and libtshm's fork and
+    forkserver methods cannot run Python)."""
+    if start_method != "spawn":
+        raise ValueError(f"tshm.torch.spawn: start_method {start_method!r} "
+                         f"is not supported; only 'spawn' is")
+    if nprocs < 1:
+        raise ValueError("nprocs must be at least 1")
+    prep = mp_spawn.get_preparation_data("tshm-spawn")
+    # As bytes: the workers must hold it to fetch fds (tensors in args)
+    # from this process's resource sharer; the memfd is ours alone.
+    prep["authkey"] = bytes(prep["authkey"])
+    # (fn, args) once per rank, as torch does: what args hold may be good
+    # for one load only (an fd fetched from the resource sharer).
+    payload = pickle.dumps((prep, [bytes(reduction.ForkingPickler.dumps(
+        (fn, args), 5)) for _ in range(nprocs)]), protocol=5)
+    pfd = os.memfd_create("tshm-spawn-payload", 0)
+    board = os.memfd_create("tshm-spawn-errors", os.MFD_CLOEXEC)
+    try:
+        os.write(pfd, payload)
+        os.ftruncate(board, nprocs * SLOT)
+        bfd = os.dup(board)          # the workers' copy: no CLOEXEC
+        os.set_inheritable(bfd, True)
+        try:
+            # The caller's own thread settings win over the budget.
+            env = {k: os.environ[k] for k in _THREAD_VARS
+                   if k in os.environ}
+            procs = _Procs([sys.executable, "-c", _WORKER, str(pfd),
+                            str(bfd)], nprocs, env=env)
+        finally:
+            os.close(bfd)
+    except BaseException:
+        os.close(board)
+        raise
+    finally:
+        os.close(pfd)
+    ctx = ProcessContext(procs, board, nprocs)
+    if not join:
+        return ctx
+    while not ctx.join():
+        pass
+    return None
+
+
+def _read_all(fd):
+    chunks, off = [], 0
+    while True:
+        b = os.pread(fd, 1 << 20, off)
+        if not b:
+            return b"".join(chunks)
+        chunks.append(b)
+        off += len(b)
+
+
+def _worker(pfd, bfd, rank, nprocs):
+    pfd, bfd, rank = int(pfd), int(bfd), int(rank)
+    try:
+        prep, calls = pickle.loads(_read_all(pfd))
+        os.close(pfd)
+        mp_spawn.prepare(prep)
+        threads = os.environ.get("OMP_NUM_THREADS")
+        import torch
+        if threads and threads.isdigit() and int(threads) > 0:
+            torch.set_num_threads(int(threads))
+        from . import install
+        install()
+        fn, args = pickle.loads(calls[rank])
+        del calls
+        fn(rank, *args)
+    except KeyboardInterrupt:
+        sys.exit(1)
+    except SystemExit:
+        raise
+    except BaseException:
+        tb = traceback.format_exc().encode("utf-8", "replace")[:SLOT - 1]
+        os.pwrite(bfd, tb + b"\0", rank * SLOT)
+        sys.stderr.write(traceback.format_exc())
+        sys.exit(1)
+    sys.exit(0)
+

@@ -1,0 +1,134 @@
+# SPDX-License-Identifier: GPL-2.0
+"""tshm.torch.spawn: torch.multiprocessing.spawn's contract on libtshm's
+supervisor: a worker's traceback comes back and the rest are terminated,
+no worker outlives a SIGKILLed parent, the thread budget, tensors in args.
+
+Host only: every worker is a fresh interpreter importing torch, which
+takes half a minute each in the emulated VM, and nothing here depends on
+the backend."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.multiprocessing import ProcessRaisedException  # noqa: E402
+
+import tshm  # noqa: E402
+import tshm.torch  # noqa: E402
+from conftest import IN_VM  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    IN_VM, reason="host only: a spawned worker imports torch (30 s in the VM)")
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _fail_rank_2(rank, q):
+    q.put(("started", rank, os.getpid()))
+    if rank == 2:
+        raise ValueError("rank 2 failed on purpose")
+    time.sleep(600)
+
+
+def test_exception_comes_back_and_terminates_the_rest():
+    q = tshm.Queue()
+    t0 = time.monotonic()
+    ctx = tshm.torch.spawn(_fail_rank_2, args=(q,), nprocs=4, join=False)
+    pids = ctx.pids()
+    with pytest.raises(ProcessRaisedException) as info:
+        while not ctx.join(60):
+            pass
+    assert time.monotonic() - t0 < 300
+    err = info.value
+    assert err.error_index == 2 and err.pid == pids[2]
+    assert "ValueError: rank 2 failed on purpose" in str(err)
+    assert "_fail_rank_2" in str(err)            # the worker's traceback
+    assert not any(alive(p) for p in pids)
+
+
+def _report(rank, q, x):
+    x.add_(rank)                                   # shared with the caller
+    q.put((rank, torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"),
+           torch.multiprocessing.get_sharing_strategy()))
+
+
+def _reports(nprocs, x):
+    q = tshm.Queue()
+    assert tshm.torch.spawn(_report, args=(q, x), nprocs=nprocs) is None
+    return sorted(q.get(timeout=10) for _ in range(nprocs))
+
+
+def test_thread_budget_and_tensor_args():
+    tshm.torch.install()
+    try:
+        usable = len(os.sched_getaffinity(0))
+        x = torch.zeros(4)
+        got = _reports(2, x)
+        budget = max(1, usable // 2)
+        assert got == [(r, budget, str(budget), "tshm") for r in range(2)]
+        assert torch.equal(x, torch.full((4,), 1.0))   # 0 + 1
+        os.environ["OMP_NUM_THREADS"] = "3"            # the caller's wins
+        try:
+            got = _reports(2, torch.zeros(1))
+        finally:
+            del os.environ["OMP_NUM_THREADS"]
+        assert [g[1:3] for g in got] == [(3, "3")] * 2
+    finally:
+        tshm.torch.uninstall()
+
+
+def test_exit_status_and_bad_arguments():
+    with pytest.raises(ValueError, match="start_method"):
+        tshm.torch.spawn(_report, nprocs=1, start_method="fork")
+    with pytest.raises(ValueError):
+        tshm.torch.spawn(_report, nprocs=0)
+
+
+PARENT = textwrap.dedent("""
+    import os, sys, time, tshm.torch
+    def sleeper(rank):
+        print("worker", os.getpid(), flush=True)
+        time.sleep(600)
+    if __name__ == "__main__":
+        tshm.torch.spawn(sleeper, nprocs=3)
+""")
+
+
+def test_workers_never_outlive_a_sigkilled_parent(tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    p = subprocess.Popen([sys.executable, str(script)],
+                         stdout=subprocess.PIPE, text=True)
+    pids = []
+    try:
+        deadline = time.monotonic() + 300
+        while len(pids) < 3 and time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if line.startswith("worker"):
+                pids.append(int(line.split()[1]))
+        assert len(pids) == 3
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(30)
+        deadline = time.monotonic() + 30
+        while any(alive(w) for w in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(w) for w in pids), \
+            [w for w in pids if alive(w)]
+    finally:
+        for w in pids:
+            if alive(w):
+                os.kill(w, signal.SIGKILL)
+        if p.poll() is None:
+            p.kill()
