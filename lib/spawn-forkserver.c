@@ -187,39 +187,17 @@ static __attribute__((noreturn)) void fs_run(const struct fs_req *req,
 static void fs_handle(int sock, int sigfd, int my_pidfd)
 {
 	struct fs_req req;
-	char cbuf[CMSG_SPACE(sizeof(int) * FS_MAX_FDS)];
-	struct iovec iov = { .iov_base = &req, .iov_len = sizeof(req) };
-	struct msghdr msg = {
-		.msg_iov = &iov, .msg_iovlen = 1,
-		.msg_control = cbuf, .msg_controllen = sizeof(cbuf),
-	};
 	int fds[FS_MAX_FDS];
-	unsigned nfds = 0;
+	unsigned nfds = FS_MAX_FDS;
 	ssize_t n;
 	pid_t pid;
 
-	n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-	if (n < 0 && (errno == EAGAIN || errno == EINTR))
-		return;
+	n = fd_recv(sock, &req, sizeof(req), fds, &nfds, MSG_DONTWAIT);
+	if (n == -EAGAIN || n == -EBADMSG)
+		return;		/* nothing, or malformed (its fds closed) */
 	if (n <= 0)
 		_exit(0);	/* destroyed */
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c;
-	     c = CMSG_NXTHDR(&msg, c)) {
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-			continue;
-		for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		     i++) {
-			int fd;
-
-			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(fd));
-			if (nfds < FS_MAX_FDS)
-				fds[nfds++] = fd;
-			else
-				close(fd);
-		}
-	}
-	if (n != sizeof(req) || req.magic != FS_REQ_MAGIC || nfds < 3 ||
-	    (msg.msg_flags & MSG_CTRUNC))
+	if (n != sizeof(req) || req.magic != FS_REQ_MAGIC || nfds < 3)
 		goto out;
 
 	pid = fork();
@@ -360,13 +338,8 @@ int spawn_forkserver_request(struct tshm_forkserver *fs, int sup_sock,
 			     int ctx_fd)
 {
 	struct fs_req req = { .magic = FS_REQ_MAGIC, .caller_pid = getpid() };
-	int fds[FS_MAX_FDS], nfds = 0;
-	char cbuf[CMSG_SPACE(sizeof(fds))];
-	struct iovec iov = { .iov_base = &req, .iov_len = sizeof(req) };
-	struct msghdr msg = {
-		.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-	};
-	struct cmsghdr *c;
+	int fds[FS_MAX_FDS], ret;
+	unsigned nfds = 0;
 
 	fds[nfds++] = sup_sock;
 	fds[nfds++] = board_fd;
@@ -379,17 +352,6 @@ int spawn_forkserver_request(struct tshm_forkserver *fs, int sup_sock,
 		req.flags |= FS_HAS_CTX;
 		fds[nfds++] = ctx_fd;
 	}
-	memset(cbuf, 0, sizeof(cbuf));
-	msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-	c = CMSG_FIRSTHDR(&msg);
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-	memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-	while (sendmsg(fs->sock, &msg, MSG_NOSIGNAL) < 0) {
-		if (errno == EINTR)
-			continue;
-		return errno == EPIPE || errno == ECONNRESET ? -ESRCH : -errno;
-	}
-	return 0;
+	ret = fd_send(fs->sock, &req, sizeof(req), fds, nfds, 0);
+	return ret == -EPIPE || ret == -ECONNRESET ? -ESRCH : ret;
 }
