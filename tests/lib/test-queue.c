@@ -790,9 +790,9 @@ static void *flip(void *arg)
  * used to re-read the header after validating it, and could import an
  * 8-slot ring as one of 65536 slots).
  */
-#define FLIP_ROUNDS	3000
+#define FLIP_ROUNDS	2000
 
-TEST_F(q, header_flipped_during_import)
+TEST_F_TIMEOUT(q, header_flipped_during_import, 300)
 {
 	struct flipper f = { .a = 8, .b = 65536 };
 	struct tshm_queue *q2;
