@@ -11,7 +11,10 @@ Rows:
   re-sent or a fresh one each time;
 * DataLoader throughput (batches/s, 2 workers, fork): items of (a) one
   16 MiB tensor, (b) a dict of 64 small tensors (256 floats each),
-  batch_size 4.
+  batch_size 4;
+* spawn of 1, 4 and 16 workers to all joined (fn does nothing):
+  torch.multiprocessing.spawn in both torch columns (the strategy does not
+  matter to it), tshm.torch.spawn in the tshm column.
 
 Columns: file_descriptor, file_system, tshm, and the ratios of tshm to
 each (how many times faster tshm is).  Medians of repeated runs where
@@ -101,6 +104,20 @@ def loader_rate(strategy, ds):
     return n / (time.perf_counter() - t0)
 
 
+def _noop(rank):
+    pass
+
+
+def spawn_time(strategy, nprocs):
+    use(strategy)
+    t0 = time.perf_counter()
+    if strategy == "tshm":
+        tshm.torch.spawn(_noop, nprocs=nprocs)
+    else:
+        tmp.spawn(_noop, nprocs=nprocs)
+    return time.perf_counter() - t0
+
+
 def fmt_time(s):
     return f"{s * 1e6:9.1f} us" if s < 0.01 else f"{s * 1e3:9.2f} ms"
 
@@ -123,6 +140,10 @@ def main():
                       (Small(), "DataLoader (b) 64 small tensors")):
         vals = [loader_rate(s, ds) for s in STRATEGIES]
         rows.append((label + " batches/s", vals, "rate"))
+    for n in (1, 4, 16):
+        fd = spawn_time("file_descriptor", n)
+        ts = spawn_time("tshm", n)
+        rows.append((f"spawn {n} to joined", [fd, fd, ts], "time"))
 
     print(f"torch {torch.__version__}, tshm backend "
           f"{tshm.default_context().backend}, {os.cpu_count()} CPUs")

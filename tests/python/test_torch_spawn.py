@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: GPL-2.0
 """tshm.torch.spawn: torch.multiprocessing.spawn's contract on libtshm's
 supervisor: a worker's traceback comes back and the rest are terminated,
-no worker outlives a SIGKILLed parent, the thread budget, tensors in args.
+no worker outlives a SIGKILLed parent, the thread budget, tensors in args,
+and a 2-rank gloo job whose ranks iterate tshm DataLoaders.
 
 Host only: every worker is a fresh interpreter importing torch, which
 takes half a minute each in the emulated VM, and nothing here depends on
@@ -132,3 +133,44 @@ def test_workers_never_outlive_a_sigkilled_parent(tmp_path):
                 os.kill(w, signal.SIGKILL)
         if p.poll() is None:
             p.kill()
+
+
+class _Range(torch.utils.data.Dataset):
+    def __init__(self, rank):
+        self.rank = rank
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.full((1000,), float(i + 100 * self.rank))
+
+
+def _gloo_rank(rank, port, q):
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    dl = DataLoader(_Range(rank), batch_size=4, num_workers=2,
+                    multiprocessing_context=tshm.torch.get_context("fork"))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=2)
+    total = torch.zeros(1, dtype=torch.float64)
+    for batch in dl:
+        total += batch.sum(dtype=torch.float64)
+    dist.all_reduce(total)
+    q.put((rank, float(total)))
+    dist.destroy_process_group()
+
+
+def test_gloo_two_ranks_with_tshm_dataloaders():
+    """torch.distributed composes: tshm.torch.spawn starts a 2-rank gloo
+    job on localhost whose ranks each iterate a tshm DataLoader and
+    all-reduce what they saw."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    q = tshm.Queue()
+    tshm.torch.spawn(_gloo_rank, args=(port, q), nprocs=2)
+    got = sorted(q.get(timeout=10) for _ in range(2))
+    want = sum(1000.0 * (i + 100 * r) for r in range(2) for i in range(16))
+    assert got == [(0, want), (1, want)]
