@@ -2,7 +2,7 @@
 """Scenarios that test_torch_limits.py runs in a process of their own,
 under a small /dev/shm, a low fd limit or a SIGKILL:
 
-  torch_scenarios.py dataloader STRATEGY   4 workers, 32 MiB items
+  torch_scenarios.py dataloader STRATEGY N 4 workers, N items of 32 MiB
   torch_scenarios.py keep STRATEGY COUNT   keep COUNT received tensors
                                            with RLIMIT_NOFILE 256
   torch_scenarios.py killed STRATEGY       iterate a DataLoader, print
@@ -44,8 +44,8 @@ class Full(Dataset):
         return torch.full((self.numel,), float(i))
 
 
-def dataloader(strategy):
-    dl = DataLoader(Full(16, 32 << 20), batch_size=1, num_workers=4,
+def dataloader(strategy, count):
+    dl = DataLoader(Full(count, 32 << 20), batch_size=1, num_workers=4,
                     multiprocessing_context=context(strategy), timeout=300)
     n = 0
     try:
@@ -57,7 +57,8 @@ def dataloader(strategy):
         print(f"{strategy}: failed after {n} batches: "
               f"{type(e).__name__}: {e}", flush=True)
         return 1
-    print(f"{strategy}: delivered {n} of 16 batches intact", flush=True)
+    print(f"{strategy}: delivered {n} of {count} batches intact",
+          flush=True)
     return 0
 
 
@@ -111,7 +112,7 @@ def killed(strategy):
 if __name__ == "__main__":
     what, strategy = sys.argv[1], sys.argv[2]
     if what == "dataloader":
-        sys.exit(dataloader(strategy))
+        sys.exit(dataloader(strategy, int(sys.argv[3])))
     if what == "keep":
         keep(strategy, int(sys.argv[3]))
     if what == "killed":
