@@ -40,17 +40,19 @@ $(DEPS_MK): scripts/setup-deps
 	$(Q)scripts/setup-deps --print-make > $@.tmp && mv $@.tmp $@
 
 # The kernel `make kmod` and `make install` build the module for: one of
-# $(TSHM_KERNELS).  KREL is its release, KHEADERS its headers (which may be
+# $(TSHM_KERNELS), or of $(TSHM_KERNELS_EXTRA) (built only when named).  KREL is its release, KHEADERS its headers (which may be
 # given instead: KHEADERS=/lib/modules/$(uname -r)/build).
 KVER     ?= 6.1
 kvar      = $(subst -,_,$(subst .,_,$(1)))
+ifneq ($(TSHM_KERNELS),)
+# A kernel built only when asked for (6.12-rt) is fetched now.
+ifneq ($(filter $(KVER),$(TSHM_KERNELS_EXTRA)),)
+$(foreach v,$(shell scripts/setup-deps --kernel $(KVER) --print-env | \
+	grep -E '^K(REL|HEADERS)_$(call kvar,$(KVER))='),$(eval $(v)))
+endif
+endif
 KREL     := $(KREL_$(call kvar,$(KVER)))
 KHEADERS ?= $(KHEADERS_$(call kvar,$(KVER)))
-ifneq ($(TSHM_KERNELS),)
-ifeq ($(filter $(KVER),$(TSHM_KERNELS)),)
-$(error KVER=$(KVER) is not one of: $(TSHM_KERNELS))
-endif
-endif
 
 KSELFTEST := $(KTREE)/tools/testing/selftests
 

@@ -29,7 +29,13 @@ endef
 ALL += $(KOS)
 
 .PHONY: kmod kmod-debug kmod-lint
-kmod: $(KO)
+kmod: kmod-kver $(KO)
+
+# Checked when the rules run: an older $(DEPS_MK) is remade first.
+.PHONY: kmod-kver
+kmod-kver:
+	$(if $(filter $(KVER),$(TSHM_KERNELS) $(TSHM_KERNELS_EXTRA)),,\
+		$(error KVER=$(KVER) is not one of: $(TSHM_KERNELS) $(TSHM_KERNELS_EXTRA)))
 kmod-debug: $(KO_DEBUG)
 
 # One rule per kernel; $(KVER)'s takes $(KHEADERS), which may be overridden.
@@ -37,7 +43,7 @@ define kmod_rule
 $(call kmod_dir,$(1))/tshm.ko: $$(KMOD_DEPS)
 	$$(call kmod_build,$(if $(filter $(1),$(KVER)),$$(KHEADERS),$$(KHEADERS_$(call kvar,$(1)))),$(call kmod_dir,$(1)))
 endef
-$(foreach k,$(TSHM_KERNELS),$(eval $(call kmod_rule,$(k))))
+$(foreach k,$(sort $(TSHM_KERNELS) $(KVER)),$(eval $(call kmod_rule,$(k))))
 
 # Not part of 'all': the first build of the debug kernel takes minutes.
 $(KO_DEBUG): $(KMOD_DEPS) scripts/build-debug-kernel scripts/debug-kernel.config
