@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: GPL-2.0
+"""Bugs found by an adversarial review of the Python package, one test
+each: bad input that was accepted and then lost, waits that never end,
+descriptors left behind."""
+
+import gc
+import math
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import tshm
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+# Context(backend=<bad>) by keyword read args[0] of an empty tuple.
+def test_context_bad_backend_keyword_names_it():
+    with pytest.raises(ValueError, match="'bogus'"):
+        tshm.Context(backend="bogus")
+
+
+# A zero-length buffer with oob_threshold=0 made a zero-size segment: put failed.
+def test_zero_length_buffer_with_threshold_zero():
+    q = tshm.Queue(oob_threshold=0)
+    q.put(np.zeros(0))
+    got = q.get(timeout=10)
+    assert got.shape == (0,)
+
+
+# A memoryview whose format cast() refuses was queued, then lost in get().
+@pytest.mark.parametrize("dtype", [">i4", "f2", "c8"])
+def test_memoryview_foreign_format_refused_at_put(dtype):
+    q = tshm.Queue()
+    with pytest.raises(TypeError):
+        q.put(memoryview(np.zeros(4, dtype=dtype)))
+    q.put("next")
+    assert q.get(timeout=10) == "next"
+
+
+# A zero-length memoryview was queued, then lost in get() (cast() refuses it).
+@pytest.mark.parametrize("view", [
+    lambda: memoryview(b""),
+    lambda: memoryview(np.zeros(0, dtype="i4")),
+    lambda: memoryview(np.zeros((2, 0), dtype="u1")),
+])
+def test_memoryview_zero_length_not_lost(view):
+    q = tshm.Queue()
+    try:
+        q.put(view())
+    except TypeError:
+        assert q.qsize() == 0  # refused at put: fine, nothing queued
+    else:
+        got = q.get(timeout=10)
+        assert got.nbytes == 0 and got.format == view().format
+
+
+# Native formats and shapes still go through (the fix must not refuse them).
+@pytest.mark.parametrize("shape", [(), (1,), (2, 3)])
+def test_memoryview_native_shapes_roundtrip(shape):
+    q = tshm.Queue()
+    a = np.arange(int(np.prod(shape)), dtype="i4").reshape(shape)
+    q.put(memoryview(a))
+    got = q.get(timeout=10)
+    assert got.shape == shape and got.format == memoryview(a).format
+    assert got.tolist() == memoryview(a).tolist()
+
+
+# timeout=inf was an OverflowError in Queue and Event (Segment: forever).
+def test_infinite_timeout_is_forever():
+    q = tshm.Queue()
+    q.put(1, timeout=math.inf)
+    assert q.get(timeout=math.inf) == 1
+    ev = tshm.Event()
+    ev.set()
+    assert ev.wait(math.inf) is True
+    assert tshm.Segment(64).wait_released(math.inf) is True
+
+
+# timeout=nan: the same clear ValueError everywhere, not "cannot convert".
+@pytest.mark.parametrize("call", [
+    lambda: tshm.Queue().get(timeout=math.nan),
+    lambda: tshm.Queue().put(1, timeout=math.nan),
+    lambda: tshm.Event().wait(math.nan),
+    lambda: tshm.Barrier(2).wait(math.nan),
+    lambda: tshm.Segment(64).wait_released(math.nan),
+])
+def test_nan_timeout_is_a_clear_error(call):
+    with pytest.raises(ValueError, match="non-negative number"):
+        call()
+
+
+# Pool.close() from another thread left a blocked get() waiting forever.
+def test_pool_close_wakes_a_blocked_get():
+    pool = tshm.Pool(1, 4096)
+    held = pool.get()
+    result = []
+
+    def getter():
+        try:
+            result.append(pool.get())
+        except Exception as e:  # noqa: BLE001 (we check which below)
+            result.append(e)
+
+    t = threading.Thread(target=getter, daemon=True)
+    t.start()
+    t.join(0.3)
+    assert t.is_alive()
+    pool.close()
+    t.join(5)
+    alive = t.is_alive()
+    del held
+    t.join(5)
+    assert not alive, "get() still waiting after close()"
+    assert isinstance(result[0], ValueError)
+
+
+# A Queue inside a message whose pickling fails leaves its fd behind.
+def test_nested_queue_failed_put_leaks_no_fd():
+    q, inner = tshm.Queue(), tshm.Queue()
+    q.put(inner)  # start the resource sharer before counting
+    q.get(timeout=10)
+    gc.collect()
+    before = open_fds()
+    for _ in range(5):
+        with pytest.raises(Exception):
+            q.put([inner, lambda: 0])
+    gc.collect()
+    assert open_fds() == before
+
+
+# The second pickling pass (big bytes) pickles a nested Queue twice: one leaks.
+def test_nested_queue_retry_leaks_no_fd():
+    q, inner = tshm.Queue(), tshm.Queue()
+    q.put(inner)
+    q.get(timeout=10)
+    gc.collect()
+    before = open_fds()
+    for _ in range(5):
+        q.put([inner, b"x" * (q.max_msg + 1)])
+        q.get(timeout=10)
+    gc.collect()
+    assert open_fds() == before
