@@ -26,8 +26,8 @@ static PyObject *context_new(PyTypeObject *type, PyObject *args,
 		flags = TSHM_CTX_MEMFD;
 	else if (backend)
 		return PyErr_Format(PyExc_ValueError,
-			"backend must be 'kmod', 'memfd' or None, not %R",
-			PyTuple_GET_ITEM(args, 0));
+			"backend must be 'kmod', 'memfd' or None, not '%s'",
+			backend);
 	self = (TshmContext *)type->tp_alloc(type, 0);
 	if (!self)
 		return NULL;
