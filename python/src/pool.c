@@ -12,7 +12,8 @@ typedef struct {
 	struct tshm_pool *pool;		/* NULL once destroyed */
 	Py_ssize_t count, size;
 	int busy;			/* get() calls waiting */
-	int closed;			/* destroy when busy drops to 0 */
+	int closed;			/* destroy when busy drops to 0;
+					 * read without the GIL by get_call */
 } TshmPool;
 
 static PyObject *pool_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -80,13 +81,17 @@ static int pool_check(TshmPool *self)
 
 struct get_call {
 	struct tshm_pool *pool;
+	const int *closed;
 	struct tshm_seg *seg;
 };
 
+/* Each slice first sees whether close() came meanwhile: it ends the wait. */
 static int get_call(void *arg, int timeout_ms)
 {
 	struct get_call *c = arg;
 
+	if (__atomic_load_n(c->closed, __ATOMIC_RELAXED))
+		return -ECANCELED;
 	return tshm_pool_get(c->pool, timeout_ms, &c->seg);
 }
 
@@ -106,6 +111,7 @@ static PyObject *pool_get(TshmPool *self, PyObject *args, PyObject *kwds)
 	 * defers the destroy to the last waiter.
 	 */
 	c.pool = self->pool;
+	c.closed = &self->closed;
 	self->busy++;
 	ret = pytshm_block(get_call, &c, ms, true);
 	if (--self->busy == 0 && self->closed)
@@ -117,6 +123,11 @@ static PyObject *pool_get(TshmPool *self, PyObject *args, PyObject *kwds)
 				"no buffer came back to the pool in time");
 		return NULL;
 	}
+	if (ret == -ECANCELED) {
+		PyErr_SetString(PyExc_ValueError,
+				"the pool was closed while get() waited");
+		return NULL;
+	}
 	if (ret < 0)
 		return pytshm_raise(ret, NULL);
 	return pytshm_segment_wrap(c.seg);
@@ -124,7 +135,7 @@ static PyObject *pool_get(TshmPool *self, PyObject *args, PyObject *kwds)
 
 static PyObject *pool_close(TshmPool *self, PyObject *unused)
 {
-	self->closed = 1;
+	__atomic_store_n(&self->closed, 1, __ATOMIC_RELAXED);
 	if (!self->busy)
 		pool_destroy(self);
 	Py_RETURN_NONE;
