@@ -30,11 +30,11 @@ sent one was, and shared with the sender.
 
 import errno
 import io
-import math
 import pickle
 import struct
 
 from . import _reduction
+from ._sync import _ms
 from ._tshm import QUEUE_MAX_SEGS, Segment, _Queue, _locate
 
 _HEADER = struct.Struct("<4sHHI")
@@ -42,7 +42,6 @@ _BUFFER = struct.Struct("<IQQ")
 _MAGIC = b"TSQ1"
 _F_SEGMENTS = 1  # the pickle names Segment objects (persistent ids)
 _ALIGN = 64      # copied buffers start on a cache line
-_MS_MAX = 2**31 - 1
 
 #: Buffers smaller than this travel in band (a copy through the ring is
 #: cheaper than making and mapping a segment below about this size).
@@ -52,11 +51,7 @@ OOB_THRESHOLD = 32 * 1024
 def _timeout_ms(block, timeout):
     if not block:
         return 0
-    if timeout is None:
-        return -1
-    if timeout < 0:
-        raise ValueError("'timeout' must be a non-negative number")
-    return min(math.ceil(timeout * 1000), _MS_MAX)
+    return _ms(timeout)
 
 
 def _rebuild_memoryview(buf, fmt, shape):

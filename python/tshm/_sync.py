@@ -13,11 +13,17 @@ _MS_MAX = 2**31 - 1
 
 
 def _ms(timeout):
+    """timeout= in seconds (None: forever) to the library's milliseconds,
+    as the C side does it: NaN and negatives are refused, and anything
+    beyond what an int of milliseconds holds (inf included) is forever."""
     if timeout is None:
         return _FOREVER
-    if timeout < 0:
+    if not timeout >= 0:  # NaN too
         raise ValueError("'timeout' must be a non-negative number")
-    return min(math.ceil(timeout * 1000), _MS_MAX)
+    ms = timeout * 1000
+    if ms >= _MS_MAX:
+        return _FOREVER
+    return math.ceil(ms)
 
 
 class Event:
