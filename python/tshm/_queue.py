@@ -87,8 +87,8 @@ class _Split:
         raw = pb.raw()
         n = raw.nbytes
         found = _locate(raw) if n else None
-        if found is None and n < self.threshold:
-            return True
+        if found is None and (n == 0 or n < self.threshold):
+            return True  # (nothing to copy: no zero-size segment)
         if found is not None:
             # Leave a segment slot for the copies.
             i = self.segment_index(found[0], self.max_refs - 1)
