@@ -55,7 +55,10 @@ def _timeout_ms(block, timeout):
 
 
 def _rebuild_memoryview(buf, fmt, shape):
-    return memoryview(buf).cast("B").cast(fmt, shape)
+    mv = memoryview(buf).cast("B")
+    if mv.format == fmt and mv.shape == shape:
+        return mv  # cast() refuses empty views even to what they are
+    return mv.cast(fmt, shape)
 
 
 class _Split:
@@ -118,6 +121,14 @@ class _Hooks:
         t = type(obj)
         if t is memoryview:
             if not obj.c_contiguous:
+                return NotImplemented
+            # Only what the receiver can rebuild: cast() takes native
+            # single-character formats only, and no empty view but bytes.
+            # Refused here, the put fails as pickle's does; found in
+            # get(), the message would be lost.
+            try:
+                _rebuild_memoryview(obj, obj.format, obj.shape)
+            except (TypeError, ValueError):
                 return NotImplemented
             return _rebuild_memoryview, (pickle.PickleBuffer(obj),
                                          obj.format, obj.shape)
