@@ -199,16 +199,21 @@ class Queue:
 
     # -- pickling into a message ------------------------------------------
 
-    def _encode(self, obj):
+    def _encode(self, obj, handles):
+        """The message for obj; the fd handles its pickle made (nested
+        Queues) are appended to handles."""
         room = self._max_msg
         for cls, threshold in ((_Encoder, self._threshold),
                                (_SlowEncoder, 1)):
             f = io.BytesIO()
             enc = _Split(threshold, QUEUE_MAX_SEGS)
-            cls(f, enc).dump(obj)
-            head = _HEADER.size + _BUFFER.size * len(enc.buffers)
-            if head + f.tell() <= room:
-                break
+            with _reduction.withdrawn_unless_kept() as made:
+                cls(f, enc).dump(obj)
+                head = _HEADER.size + _BUFFER.size * len(enc.buffers)
+                if head + f.tell() <= room:
+                    handles.extend(made)
+                    made.clear()
+                    break
         else:
             raise OSError(errno.EMSGSIZE,
                           f"message too long: {head + f.tell()} bytes stay "
@@ -274,8 +279,10 @@ class Queue:
         """Put obj on the queue, waiting up to timeout seconds for room
         (forever if None; not at all if block is false): queue.Full."""
         ms = _timeout_ms(block, timeout)
-        data, segments = self._encode(obj)
-        self._raw.send(data, segments, ms)
+        with _reduction.withdrawn_unless_kept() as handles:
+            data, segments = self._encode(obj, handles)
+            self._raw.send(data, segments, ms)
+            handles.clear()  # queued: the receiver fetches them
 
     def get(self, block=True, timeout=None):
         """Remove and return an object, waiting up to timeout seconds

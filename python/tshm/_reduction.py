@@ -10,9 +10,11 @@ and closes it.  A pickle of such an object is therefore good for one load,
 like a pickled multiprocessing.Connection.
 """
 
+import contextlib
 import copyreg
 import socket
-from multiprocessing import context, reduction, util
+import threading
+from multiprocessing import context, reduction, resource_sharer, util
 
 from ._tshm import Segment
 
@@ -29,11 +31,47 @@ def send_over_socket(send):
     popen = context.get_spawning_popen()
     if popen is None:
         theirs.close()  # the resource sharer has its own duplicate
+        made = getattr(_pickling, "handles", None)
+        if made is not None:
+            made.append(handle)
     else:
         # The child inherits this very fd when it is launched, after
         # pickling: keep it open as long as the launcher lives.
         util.Finalize(popen, theirs.close)
     return handle
+
+
+_pickling = threading.local()
+
+
+@contextlib.contextmanager
+def withdrawn_unless_kept():
+    """Collect the handles made by send_over_socket() for a pickle that
+    may never be loaded: a tshm.Queue message whose pickling fails, is
+    done again, or is not queued.  Yields a list of them; unless the
+    caller empties it, each is taken back from the resource sharer and
+    its socket closed (nobody would ever fetch it: one fd and the
+    object in flight, kept for the life of the process)."""
+    outer = getattr(_pickling, "handles", None)
+    made = _pickling.handles = []
+    try:
+        yield made
+    finally:
+        _pickling.handles = outer
+        for handle in made:
+            withdraw(handle)
+
+
+def withdraw(handle):
+    """Take back a handle whose pickle will never be loaded."""
+    rs = getattr(resource_sharer, "_resource_sharer", None)
+    key = getattr(handle, "_id", (None, None))[1]
+    if rs is None or key is None:
+        return
+    with rs._lock:
+        entry = rs._cache.pop(key, None)
+    if entry is not None:
+        entry[1]()  # the sharer's close(): its duplicate of the fd
 
 
 def recv_over_socket(handle, recv):

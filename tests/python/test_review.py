@@ -145,3 +145,31 @@ def test_nested_queue_retry_leaks_no_fd():
         q.get(timeout=10)
     gc.collect()
     assert open_fds() == before
+
+
+# A nested Queue in a put() that times out (queue.Full) leaves no fd behind.
+def test_nested_queue_full_put_leaks_no_fd():
+    import queue
+    q, inner = tshm.Queue(maxsize=1), tshm.Queue()
+    q.put(inner)
+    q.get(timeout=10)
+    q.put(0)
+    gc.collect()
+    before = open_fds()
+    for _ in range(5):
+        with pytest.raises(queue.Full):
+            q.put(inner, timeout=0)
+    gc.collect()
+    assert open_fds() == before
+    assert q.get(timeout=10) == 0
+
+
+# What was queued still arrives and works after the withdrawals.
+def test_nested_queue_still_delivered():
+    q, inner = tshm.Queue(), tshm.Queue()
+    for _ in range(3):
+        q.put([inner, b"x" * (q.max_msg + 1)])
+    for _ in range(3):
+        got, data = q.get(timeout=10)
+        got.put("through")
+        assert inner.get(timeout=10) == "through" and len(data) == q.max_msg + 1
