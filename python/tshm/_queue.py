@@ -188,12 +188,13 @@ class Queue:
 
     def __init__(self, maxsize=64, max_msg=65536, ctx=None, *,
                  oob_threshold=OOB_THRESHOLD):
-        self._setup(_Queue(maxsize, max_msg, ctx), oob_threshold)
+        self._setup(_Queue(maxsize, max_msg, ctx), oob_threshold, ctx)
 
-    def _setup(self, raw, oob_threshold):
+    def _setup(self, raw, oob_threshold, ctx=None):
         if oob_threshold < 0:
             raise ValueError("oob_threshold must not be negative")
         self._raw = raw
+        self._ctx = ctx  # where copies are made: the queue's backend
         self._max_msg = raw.max_msg
         self._threshold = oob_threshold
 
@@ -223,7 +224,7 @@ class Queue:
             raise ValueError("a message carries at most 65535 buffers")
         segments = enc.segments
         if enc.copies:
-            segments = segments + [self._copy(enc)]
+            segments = segments + [self._copy(enc, self._ctx)]
         out = bytearray(head)
         _HEADER.pack_into(out, 0, _MAGIC, len(enc.buffers),
                           _F_SEGMENTS if enc.named else 0, 0)
@@ -235,10 +236,11 @@ class Queue:
         return out, segments
 
     @staticmethod
-    def _copy(enc):
-        """Copy the buffers not in a segment into one new segment."""
+    def _copy(enc, ctx):
+        """Copy the buffers not in a segment into one new segment, in the
+        queue's context (a queue takes segments of its own backend only)."""
         total = sum(-(-raw.nbytes // _ALIGN) * _ALIGN for _, raw in enc.copies)
-        seg = Segment(total, "tshm.Queue")
+        seg = Segment(total, "tshm.Queue", ctx=ctx)
         index = len(enc.segments)
         off = 0
         with memoryview(seg) as view:

@@ -173,3 +173,12 @@ def test_nested_queue_still_delivered():
         got, data = q.get(timeout=10)
         got.put("through")
         assert inner.get(timeout=10) == "through" and len(data) == q.max_msg + 1
+
+
+# Copies went into a segment of the default context: with the module as
+# default, a queue on the memfd backend refused every big buffer (EXDEV).
+def test_copies_use_the_queues_backend(kmod_only):
+    q = tshm.Queue(ctx=tshm.Context("memfd"))
+    a = np.arange(100000, dtype="u1")
+    q.put(a)
+    assert np.array_equal(q.get(timeout=10), a)
