@@ -224,6 +224,12 @@ class Queue:
             raise ValueError("a message carries at most 65535 buffers")
         segments = enc.segments
         if enc.copies:
+            if len(segments) >= QUEUE_MAX_SEGS:
+                # Said before copying what may be gigabytes for nothing.
+                raise ValueError(
+                    f"a message can carry at most {QUEUE_MAX_SEGS} "
+                    f"segments: this one names {len(segments)} and needs "
+                    f"one more for its {len(enc.copies)} copied buffer(s)")
             segments = segments + [self._copy(enc, self._ctx)]
         out = bytearray(head)
         _HEADER.pack_into(out, 0, _MAGIC, len(enc.buffers),

@@ -182,3 +182,16 @@ def test_copies_use_the_queues_backend(kmod_only):
     a = np.arange(100000, dtype="u1")
     q.put(a)
     assert np.array_equal(q.get(timeout=10), a)
+
+
+# 8 named Segments plus a buffer to copy: the copy was made, then send failed
+# with "not 9"; the error now comes first and says why.
+def test_eight_segments_and_a_copy_refused_before_copying():
+    q = tshm.Queue()
+    segs = [tshm.Segment(64) for _ in range(8)]
+    with pytest.raises(ValueError, match="copied buffer"):
+        q.put([segs, np.zeros(100000)])
+    assert q.qsize() == 0
+    q.put([segs[:7], np.ones(100000)])  # 7 named + the copies' segment
+    got = q.get(timeout=10)
+    assert got[0] == segs[:7] and got[1].sum() == 100000
