@@ -195,3 +195,11 @@ def test_eight_segments_and_a_copy_refused_before_copying():
     q.put([segs[:7], np.ones(100000)])  # 7 named + the copies' segment
     got = q.get(timeout=10)
     assert got[0] == segs[:7] and got[1].sum() == 100000
+
+
+# What the guide now says of size and name (it said neither): page-rounded, cut.
+def test_segment_size_is_page_rounded_and_name_cut():
+    import mmap
+    seg = tshm.Segment(10, "n" * 40)
+    assert seg.size == len(seg) == len(memoryview(seg)) == mmap.PAGESIZE
+    assert seg.name == "n" * tshm._tshm.SEG_NAME_MAX
