@@ -29,9 +29,9 @@ static PyObject *pool_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, "nn|zO$p:Pool", kwlist,
 					 &count, &size, &name, &ctxarg, &huge))
 		return NULL;
-	if (count <= 0 || count > 0xffffffffL)
+	if (count <= 0 || count > 65536)	/* tshm_pool_create()'s bound */
 		return PyErr_Format(PyExc_ValueError,
-				    "count must be positive, not %zd", count);
+				    "count must be 1 .. 65536, not %zd", count);
 	if (size <= 0)
 		return PyErr_Format(PyExc_ValueError,
 				    "buffer size must be positive, not %zd", size);

@@ -45,7 +45,11 @@ static PyObject *queue_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 		if (ret < 0) {
 			self->q = NULL;
 			Py_CLEAR(self);
-			pytshm_raise(ret, NULL);
+			/* The bounds are the library's (lib/queue.c). */
+			pytshm_raise(ret, ret == -EINVAL ?
+				"max_msg above the library's 16 MiB" :
+				ret == -E2BIG ? "maxsize * max_msg above the "
+				"library's 1 GiB ring" : NULL);
 		}
 	}
 	Py_DECREF(ctx);

@@ -203,3 +203,16 @@ def test_segment_size_is_page_rounded_and_name_cut():
     seg = tshm.Segment(10, "n" * 40)
     assert seg.size == len(seg) == len(memoryview(seg)) == mmap.PAGESIZE
     assert seg.name == "n" * tshm._tshm.SEG_NAME_MAX
+
+
+# Pool(65537, 1) was a bare EINVAL, Pool(2**32, 1) "count must be positive";
+# Queue(max_msg=2**31) a bare EINVAL: each now says which bound.
+def test_geometry_errors_say_the_bound():
+    with pytest.raises(ValueError, match="65536"):
+        tshm.Pool(65537, 1)
+    with pytest.raises(ValueError, match="65536"):
+        tshm.Pool(2**32, 1)
+    with pytest.raises(OSError, match="16 MiB"):
+        tshm.Queue(max_msg=2**31)
+    with pytest.raises(OSError, match="1 GiB"):
+        tshm.Queue(maxsize=65536, max_msg=1 << 20)
