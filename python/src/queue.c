@@ -14,6 +14,12 @@
 typedef struct {
 	PyObject_HEAD
 	struct tshm_queue *q;
+	/*
+	 * The message each thread received and has not yet acknowledged
+	 * (thread id -> (bytes, segments)): a get() interrupted before it
+	 * returned its object receives the same message again.
+	 */
+	PyObject *in_hand;
 } TshmQueue;
 
 static PyObject *queue_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -60,6 +66,7 @@ static void queue_dealloc(TshmQueue *self)
 {
 	if (self->q)
 		tshm_queue_unref(self->q);
+	Py_XDECREF(self->in_hand);
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -173,22 +180,36 @@ static int recv_call(void *arg, int timeout_ms)
 static PyObject *queue_recv(TshmQueue *self, PyObject *args)
 {
 	struct recv_call c = { .q = self->q };
-	PyObject *bytes, *segs;
+	PyObject *bytes, *segs = NULL, *key, *msg;
 	unsigned i;
 	int ms, r;
 
 	if (!PyArg_ParseTuple(args, "i:recv", &ms))
 		return NULL;
+	if (!self->in_hand && !(self->in_hand = PyDict_New()))
+		return NULL;
+	key = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+	if (!key)
+		return NULL;
+	msg = PyDict_GetItemWithError(self->in_hand, key);
+	if (msg || PyErr_Occurred()) {
+		Py_DECREF(key);
+		Py_XINCREF(msg);
+		return msg;
+	}
 	c.cap = tshm_queue_max_msg(self->q);
 	/* Received straight into the bytes object: no second copy. */
 	bytes = PyBytes_FromStringAndSize(NULL, c.cap ? c.cap : 1);
-	if (!bytes)
+	if (!bytes) {
+		Py_DECREF(key);
 		return NULL;
+	}
 	c.buf = PyBytes_AS_STRING(bytes);
 	tshm_queue_ref(self->q);
 	r = pytshm_block(recv_call, &c, ms, true);
 	tshm_queue_unref(self->q);
 	if (r < 0) {
+		Py_DECREF(key);
 		Py_DECREF(bytes);
 		return queue_error(r, pytshm_Empty);
 	}
@@ -205,14 +226,41 @@ static PyObject *queue_recv(TshmQueue *self, PyObject *args)
 	}
 	if (_PyBytes_Resize(&bytes, c.len) < 0)
 		goto fail;
-	return Py_BuildValue("(NN)", bytes, segs);
+	msg = PyTuple_Pack(2, bytes, segs);
+	Py_DECREF(bytes);
+	Py_DECREF(segs);
+	if (msg && PyDict_SetItem(self->in_hand, key, msg) < 0)
+		Py_CLEAR(msg);	/* not kept: no memory, the message is gone */
+	Py_DECREF(key);
+	return msg;
 fail:
+	Py_DECREF(key);
 	for (i = 0; i < c.nsegs; i++)
 		if (c.segs[i])
 			tshm_seg_unref(c.segs[i]);
 	Py_XDECREF(segs);
 	Py_XDECREF(bytes);
 	return NULL;
+}
+
+static PyObject *queue_done(TshmQueue *self, PyObject *unused)
+{
+	PyObject *key;
+	int ret;
+
+	if (!self->in_hand)
+		Py_RETURN_NONE;
+	key = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+	if (!key)
+		return NULL;
+	ret = PyDict_DelItem(self->in_hand, key);
+	Py_DECREF(key);
+	if (ret < 0) {
+		if (!PyErr_ExceptionMatches(PyExc_KeyError))
+			return NULL;
+		PyErr_Clear();
+	}
+	Py_RETURN_NONE;
 }
 
 static PyObject *queue_close(TshmQueue *self, PyObject *unused)
@@ -300,7 +348,10 @@ static PyMethodDef queue_methods[] = {
 	{ "send", (PyCFunction)queue_send, METH_VARARGS,
 	  "send(data, segments, timeout_ms)" },
 	{ "recv", (PyCFunction)queue_recv, METH_VARARGS,
-	  "recv(timeout_ms) -> (bytes, tuple of Segment)" },
+	  "recv(timeout_ms) -> (bytes, tuple of Segment)\n\n"
+	  "The calling thread's unacknowledged message again if it has one." },
+	{ "done", (PyCFunction)queue_done, METH_NOARGS,
+	  "Acknowledge the calling thread's last message (see recv)." },
 	{ "close", (PyCFunction)queue_close, METH_NOARGS,
 	  "Close for every process: sends fail, receivers drain then fail." },
 	{ "_send_fd", (PyCFunction)queue_send_fd, METH_O,

@@ -31,6 +31,7 @@ sent one was, and shared with the sender.
 import errno
 import io
 import pickle
+import signal
 import struct
 
 from . import _reduction
@@ -52,6 +53,22 @@ def _timeout_ms(block, timeout):
     if not block:
         return 0
     return _ms(timeout)
+
+
+def _raised_by_signal_handler(exc):
+    """True if exc came out of a Python signal handler (its traceback
+    passes through one), not out of the message."""
+    handlers = set()
+    for sig in signal.valid_signals():
+        code = getattr(signal.getsignal(sig), "__code__", None)
+        if code is not None:
+            handlers.add(code)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in handlers:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _rebuild_memoryview(buf, fmt, shape):
@@ -295,8 +312,20 @@ class Queue:
     def get(self, block=True, timeout=None):
         """Remove and return an object, waiting up to timeout seconds
         (forever if None; not at all if block is false): queue.Empty."""
+        # The message stays in hand until acknowledged: an interrupt
+        # (KeyboardInterrupt, or any exception a signal handler raises)
+        # anywhere before that, even as recv() returns, leaves it to the
+        # next get() of this thread.  A message that fails to decode with
+        # an Exception is dropped: given again it would fail again.
         data, segments = self._raw.recv(_timeout_ms(block, timeout))
-        return self._decode(data, segments)
+        try:
+            obj = self._decode(data, segments)
+        except Exception as e:
+            if not _raised_by_signal_handler(e):
+                self._raw.done()
+            raise
+        self._raw.done()
+        return obj
 
     def put_nowait(self, obj):
         """put(obj, block=False)"""
