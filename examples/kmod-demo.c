@@ -26,6 +26,8 @@
 #include <unistd.h>
 #include <linux/tshm.h>
 
+#define DEVICE	"/dev/tshm"
+
 #define SEG_SIZE (64UL << 20)
 
 static void die(const char *what)
@@ -55,12 +57,17 @@ static int consume(int ctx, uint64_t id, int ready)
 {
 	struct tshm_attach at = { .argsz = sizeof(at), .id = id };
 	unsigned char *p;
+	int fd;
 
-	if (ioctl(ctx, TSHM_IOC_ATTACH, &at))
+	/* ATTACH returns the new segment fd. */
+	fd = ioctl(ctx, TSHM_IOC_ATTACH, &at);
+	if (fd < 0)
 		die("ATTACH");
-	p = mmap(NULL, at.size, PROT_READ, MAP_SHARED, at.fd, 0);
+	p = mmap(NULL, at.size, PROT_READ, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
 		die("mmap");
+	/* The mapping alone keeps this process a holder: no fd needed. */
+	close(fd);
 	printf("consumer %d: attached segment %" PRIu64 " by id (%llu MiB), checksum %016" PRIx64 "\n",
 	       getpid(), id, (unsigned long long)at.size >> 20, checksum(p, at.size));
 	fflush(stdout);
@@ -90,9 +97,9 @@ int main(int argc, char **argv)
 		return consume(atoi(argv[2]), strtoull(argv[3], NULL, 0),
 			       atoi(argv[4]));
 
-	ctx = open(TSHM_DEVICE_PATH, O_RDWR);	/* no O_CLOEXEC: the consumer inherits it */
+	ctx = open(DEVICE, O_RDWR);	/* no O_CLOEXEC: the consumer inherits it */
 	if (ctx < 0)
-		die("open " TSHM_DEVICE_PATH);
+		die("open " DEVICE);
 	strcpy(cr.name, "demo-frames");
 	if (ioctl(ctx, TSHM_IOC_CREATE, &cr))
 		die("CREATE");
@@ -104,8 +111,9 @@ int main(int argc, char **argv)
 	printf("producer %d: created segment %" PRIu64 " \"%s\" (64 MiB), checksum %016" PRIx64 "\n",
 	       getpid(), (uint64_t)cr.id, cr.name, checksum(p, SEG_SIZE));
 
-	gr.ctx_fd = ctx;
-	if (ioctl(cr.fd, TSHM_IOC_GRANT, &gr))
+	/* GRANT is issued on the receiving context, naming the segment. */
+	gr.seg_fd = cr.fd;
+	if (ioctl(ctx, TSHM_IOC_GRANT, &gr) < 0)
 		die("GRANT");
 	if (pipe(ready))
 		die("pipe");

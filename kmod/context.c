@@ -4,18 +4,24 @@
  *
  * A context is one open file description of /dev/tshm; it is shared by
  * fork and SCM_RIGHTS like any file and released when its last fd goes.
- * It owns grants: references on segments that any process holding the
- * context can turn into a holder with ATTACH, or give back with DROP.
+ * It owns grants: references on segments, writable or read-only, that
+ * any process holding the context can turn into a holder with ATTACH, or
+ * give back with DROP.  GRANT is issued on the receiving context and
+ * names the segment by one of the caller's segment fds or by the address
+ * of one of its mappings of the segment, so a process that keeps a
+ * segment only mapped can still pass it on.
  * A context learns nothing about segments it was not granted: ATTACH and
  * DROP of any other id, live or freed, fail alike with -ENOENT.
  *
  * Locking: ctx->lock (mutex) protects the grant tree and its total.  It
- * nests outside seg->lock and tshm_segs_lock, and is never taken under
- * mmap_lock (user memory may be touched while holding it).  ->release
+ * nests outside seg->lock and the tshm_segs xarray's lock, and is never
+ * taken under mmap_lock (user memory may be touched while holding it).  ->release
  * runs with no other user of the context left and takes no lock.
  */
 #include <linux/file.h>
 #include <linux/fs.h>
+#include <linux/mm.h>
+#include <linux/mmap_lock.h>
 #include <linux/rbtree.h>
 #include <linux/sched.h>
 #include <linux/seq_file.h>
@@ -29,14 +35,16 @@
  * struct tshm_grant_ent - grants one context holds on one segment
  * @node:	in tshm_ctx.grants, keyed by @id
  * @id:		the segment's id
- * @seg:	the segment; alive while @count > 0
- * @count:	grants held, > 0
+ * @seg:	the segment; alive while the entry exists
+ * @count:	writable grants held
+ * @ro_count:	read-only grants held; @count + @ro_count > 0
  */
 struct tshm_grant_ent {
 	struct rb_node node;
 	u64 id;
 	struct tshm_seg *seg;
 	unsigned int count;
+	unsigned int ro_count;
 };
 
 /**
@@ -77,17 +85,6 @@ int tshm_copy_arg_out(void __user *uarg, const void *karg, size_t ksize)
 	return copy_to_user(uarg, karg, ksize) ? -EFAULT : 0;
 }
 
-/**
- * tshm_ctx_from_file() - the context behind a file, if it is one
- * @file: any file
- *
- * Return: the context, or NULL if @file is not an open of /dev/tshm.
- */
-struct tshm_ctx *tshm_ctx_from_file(struct file *file)
-{
-	return file->f_op == &tshm_ctx_fops ? file->private_data : NULL;
-}
-
 static struct tshm_grant_ent *tshm_ctx_find(struct tshm_ctx *ctx, u64 id,
 					    struct rb_node ***linkp,
 					    struct rb_node **parentp)
@@ -109,35 +106,36 @@ static struct tshm_grant_ent *tshm_ctx_find(struct tshm_ctx *ctx, u64 id,
 	return NULL;
 }
 
-/* Take @count grants out of @ent; the caller gives them to the segment. */
+/*
+ * Take @count grants of one kind out of @ent; the caller gives them back
+ * to the segment.
+ */
 static void tshm_ctx_take(struct tshm_ctx *ctx, struct tshm_grant_ent *ent,
-			  unsigned int count)
+			  unsigned int count, bool rdonly)
 {
-	ent->count -= count;
+	if (rdonly)
+		ent->ro_count -= count;
+	else
+		ent->count -= count;
 	ctx->nr_grants -= count;
-	if (!ent->count) {
+	if (!ent->count && !ent->ro_count) {
 		rb_erase(&ent->node, &ctx->grants);
 		kfree(ent);
 	}
 }
 
-/**
- * tshm_ctx_grant() - give @ctx @count grants on @seg
- * @ctx: the receiving context, kept open by the caller
- * @seg: the segment, kept alive by the caller's holder
- * @count: > 0
- * @total: out: grants @seg has outstanding afterwards
- *
- * Return: 0, -ENOMEM, -EOVERFLOW (more than %TSHM_GRANTS_MAX grants on
- * @seg) or -EINTR.
+/*
+ * Give @ctx @count grants of one kind on @seg, which the caller keeps
+ * alive.  Returns the grants @seg has outstanding afterwards, or
+ * -ENOMEM, -EOVERFLOW (more than TSHM_GRANTS_MAX) or -EINTR.
  */
-int tshm_ctx_grant(struct tshm_ctx *ctx, struct tshm_seg *seg,
-		   unsigned int count, u64 *total)
+static long tshm_ctx_grant(struct tshm_ctx *ctx, struct tshm_seg *seg,
+			   unsigned int count, bool rdonly)
 {
 	struct tshm_grant_ent *ent, *new;
 	struct rb_node **link, *parent;
 	unsigned int holders, grants;
-	int err = 0;
+	long ret;
 
 	new = kzalloc(sizeof(*new), GFP_KERNEL_ACCOUNT);
 	if (!new)
@@ -149,7 +147,7 @@ int tshm_ctx_grant(struct tshm_ctx *ctx, struct tshm_seg *seg,
 
 	ent = tshm_ctx_find(ctx, seg->id, &link, &parent);
 	if (!tshm_seg_add_grants(seg, count)) {
-		err = -EOVERFLOW;
+		ret = -EOVERFLOW;
 		goto out;
 	}
 	if (!ent) {
@@ -160,14 +158,88 @@ int tshm_ctx_grant(struct tshm_ctx *ctx, struct tshm_seg *seg,
 		rb_link_node(&ent->node, parent, link);
 		rb_insert_color(&ent->node, &ctx->grants);
 	}
-	ent->count += count;
+	if (rdonly)
+		ent->ro_count += count;
+	else
+		ent->count += count;
 	ctx->nr_grants += count;
 	tshm_seg_counts(seg, &holders, &grants, NULL);
-	*total = grants;
+	ret = grants;
 out:
 	mutex_unlock(&ctx->lock);
 	kfree(new);
-	return err;
+	return ret;
+}
+
+/*
+ * The holder file of the caller's mapping at @addr, with a reference:
+ * -EFAULT if nothing is mapped there, -EINVAL if it is not a segment.
+ * mmap_lock is dropped before the caller takes any lock of ours.
+ */
+static struct file *tshm_holder_at(unsigned long addr)
+{
+	struct mm_struct *mm = current->mm;
+	struct vm_area_struct *vma;
+	struct file *file;
+
+	if (mmap_read_lock_killable(mm))
+		return ERR_PTR(-EINTR);
+	vma = vma_lookup(mm, addr);
+	if (!vma)
+		file = ERR_PTR(-EFAULT);
+	else if (!vma->vm_file || !tshm_is_seg_file(vma->vm_file))
+		file = ERR_PTR(-EINVAL);
+	else
+		file = get_file(vma->vm_file);
+	mmap_read_unlock(mm);
+	return file;
+}
+
+static long tshm_ioc_grant(struct tshm_ctx *ctx, void __user *uarg)
+{
+	struct tshm_grant arg;
+	struct file *file;
+	bool rdonly;
+	long ret;
+
+	ret = tshm_copy_arg(&arg, sizeof(arg), uarg);
+	if (ret)
+		return ret;
+	if (arg.flags & ~TSHM_GRANT_FLAGS ||
+	    memchr_inv(arg.__reserved, 0, sizeof(arg.__reserved)))
+		return -EINVAL;
+	if (!arg.count)
+		return -EINVAL;
+	if (arg.count > TSHM_GRANTS_MAX)
+		return -EOVERFLOW;
+	rdonly = arg.flags & TSHM_GRANT_RDONLY;
+
+	if (arg.flags & TSHM_GRANT_BY_ADDR) {
+		if (arg.seg_fd != -1)
+			return -EINVAL;
+		file = tshm_holder_at(arg.addr);
+		if (IS_ERR(file))
+			return PTR_ERR(file);
+	} else {
+		if (arg.addr)
+			return -EINVAL;
+		file = fget(arg.seg_fd);
+		if (!file)
+			return -EBADF;
+		if (!tshm_is_seg_file(file)) {
+			ret = -EINVAL;
+			goto out;
+		}
+	}
+	/* A read-only holder passes on what it has, no more. */
+	if (tshm_holder_rdonly(file) && !rdonly) {
+		ret = -EACCES;
+		goto out;
+	}
+	ret = tshm_ctx_grant(ctx, file->private_data, arg.count, rdonly);
+out:
+	fput(file);
+	return ret;
 }
 
 static long tshm_ioc_create(void __user *uarg)
@@ -205,13 +277,18 @@ err_fput:
 	return err;
 }
 
-static int tshm_check_attach(const struct tshm_attach *arg, bool drop)
+/* The size of segment @id, if @ctx holds a grant on it. */
+static int tshm_ctx_seg_size(struct tshm_ctx *ctx, u64 id, u64 *size)
 {
-	if (memchr_inv(arg->__reserved, 0, sizeof(arg->__reserved)))
-		return -EINVAL;
-	if (drop)
-		return arg->flags || arg->count <= 0 ? -EINVAL : 0;
-	return arg->flags & ~TSHM_ATTACH_FLAGS || arg->count ? -EINVAL : 0;
+	struct tshm_grant_ent *ent;
+
+	if (mutex_lock_killable(&ctx->lock))
+		return -EINTR;
+	ent = tshm_ctx_find(ctx, id, NULL, NULL);
+	if (ent)
+		*size = ent->seg->size;
+	mutex_unlock(&ctx->lock);
+	return ent ? 0 : -ENOENT;
 }
 
 static long tshm_ioc_attach(struct tshm_ctx *ctx, void __user *uarg)
@@ -221,14 +298,27 @@ static long tshm_ioc_attach(struct tshm_ctx *ctx, void __user *uarg)
 	struct tshm_attach arg;
 	struct tshm_seg *seg;
 	struct file *file;
+	bool want_ro, take_ro;
+	u64 size;
 	int fd, err;
 
 	err = tshm_copy_arg(&arg, sizeof(arg), uarg);
 	if (err)
 		return err;
-	err = tshm_check_attach(&arg, false);
+	if (arg.flags & ~TSHM_ATTACH_FLAGS ||
+	    memchr_inv(arg.__reserved, 0, sizeof(arg.__reserved)))
+		return -EINVAL;
+	want_ro = arg.flags & TSHM_ATTACH_RDONLY;
+
+	/*
+	 * The size goes out first, with no lock held and nothing consumed:
+	 * a fault here (even a slow one) costs the context nothing.
+	 */
+	err = tshm_ctx_seg_size(ctx, arg.id, &size);
 	if (err)
 		return err;
+	if (put_user(size, &u->size))
+		return -EFAULT;
 
 	fd = get_unused_fd_flags(arg.flags & TSHM_ATTACH_NOCLOEXEC ?
 				 0 : O_CLOEXEC);
@@ -243,25 +333,24 @@ static long tshm_ioc_attach(struct tshm_ctx *ctx, void __user *uarg)
 		err = -ENOENT;
 		goto err_unlock;
 	}
+	/* Read-only grants first for a read-only attach, never for another. */
+	take_ro = want_ro ? ent->ro_count > 0 : false;
+	if (!take_ro && !ent->count) {
+		err = -EACCES;
+		goto err_unlock;
+	}
 	seg = ent->seg;
-	file = tshm_holder_open(seg, arg.flags & TSHM_ATTACH_RDONLY);
+	file = tshm_holder_open(seg, want_ro);
 	if (IS_ERR(file)) {
 		err = PTR_ERR(file);
 		goto err_unlock;
 	}
-	/* Report before consuming the grant, so -EFAULT costs nothing. */
-	if (put_user(fd, &u->fd) || put_user(seg->size, &u->size)) {
-		mutex_unlock(&ctx->lock);
-		fput(file);
-		err = -EFAULT;
-		goto err_fd;
-	}
-	tshm_ctx_take(ctx, ent, 1);
+	tshm_ctx_take(ctx, ent, 1, take_ro);
 	mutex_unlock(&ctx->lock);
 	/* Never the last user: the new holder is one. */
 	tshm_seg_put_grants(seg, 1);
 	fd_install(fd, file);
-	return 0;
+	return fd;
 
 err_unlock:
 	mutex_unlock(&ctx->lock);
@@ -274,26 +363,31 @@ static long tshm_ioc_drop(struct tshm_ctx *ctx, void __user *uarg)
 {
 	struct tshm_seg *seg = NULL;
 	struct tshm_grant_ent *ent;
-	struct tshm_attach arg;
+	struct tshm_drop arg;
+	unsigned int held;
+	bool rdonly;
 	int err;
 
 	err = tshm_copy_arg(&arg, sizeof(arg), uarg);
 	if (err)
 		return err;
-	err = tshm_check_attach(&arg, true);
-	if (err)
-		return err;
+	if (arg.flags & ~TSHM_DROP_FLAGS || arg.__pad ||
+	    memchr_inv(arg.__reserved, 0, sizeof(arg.__reserved)) ||
+	    !arg.count)
+		return -EINVAL;
+	rdonly = arg.flags & TSHM_DROP_RDONLY;
 
 	if (mutex_lock_killable(&ctx->lock))
 		return -EINTR;
 	ent = tshm_ctx_find(ctx, arg.id, NULL, NULL);
+	held = !ent ? 0 : rdonly ? ent->ro_count : ent->count;
 	if (!ent) {
 		err = -ENOENT;
-	} else if (arg.count > ent->count) {
+	} else if (arg.count > held) {
 		err = -EINVAL;
 	} else {
 		seg = ent->seg;
-		tshm_ctx_take(ctx, ent, arg.count);
+		tshm_ctx_take(ctx, ent, arg.count, rdonly);
 	}
 	mutex_unlock(&ctx->lock);
 	if (seg)
@@ -311,6 +405,8 @@ static long tshm_ctx_ioctl(struct file *file, unsigned int cmd,
 	switch (cmd & ~IOCSIZE_MASK) {
 	case TSHM_IOC_CREATE & ~IOCSIZE_MASK:
 		return tshm_ioc_create(uarg);
+	case TSHM_IOC_GRANT & ~IOCSIZE_MASK:
+		return tshm_ioc_grant(ctx, uarg);
 	case TSHM_IOC_ATTACH & ~IOCSIZE_MASK:
 		return tshm_ioc_attach(ctx, uarg);
 	case TSHM_IOC_DROP & ~IOCSIZE_MASK:
@@ -342,7 +438,7 @@ static int tshm_ctx_release(struct inode *inode, struct file *file)
 	while ((node = rb_first(&ctx->grants))) {
 		ent = rb_entry(node, struct tshm_grant_ent, node);
 		rb_erase(node, &ctx->grants);
-		tshm_seg_put_grants(ent->seg, ent->count);
+		tshm_seg_put_grants(ent->seg, ent->count + ent->ro_count);
 		kfree(ent);
 		cond_resched();
 	}
@@ -358,14 +454,16 @@ static void tshm_ctx_show_fdinfo(struct seq_file *m, struct file *file)
 	unsigned int holders, grants;
 	struct rb_node *node;
 
-	mutex_lock(&ctx->lock);
+	/* Interruptible: a reader never sleeps in D state behind ATTACH. */
+	if (mutex_lock_interruptible(&ctx->lock))
+		return;
 	seq_printf(m, "tshm-grants:\t%llu\n", ctx->nr_grants);
-	/* One line per segment: id count size holders name */
+	/* One line per segment: id writable read-only size holders name */
 	for (node = rb_first(&ctx->grants); node; node = rb_next(node)) {
 		ent = rb_entry(node, struct tshm_grant_ent, node);
 		tshm_seg_counts(ent->seg, &holders, &grants, NULL);
-		seq_printf(m, "tshm-grant:\t%llu %u %llu %u ", ent->id,
-			   ent->count, ent->seg->size, holders);
+		seq_printf(m, "tshm-grant:\t%llu %u %u %llu %u ", ent->id,
+			   ent->count, ent->ro_count, ent->seg->size, holders);
 		tshm_seq_name(m, ent->seg->name);
 		seq_putc(m, '\n');
 	}

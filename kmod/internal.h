@@ -5,32 +5,32 @@
  * Objects and who keeps them alive (Documentation/design/lifetimes.rst):
  *
  *   context  one open of /dev/tshm; owns grants (struct tshm_grant_ent).
- *   segment  one shmem file plus bookkeeping; alive while it has holders
+ *   segment  one shmem inode plus bookkeeping; alive while it has holders
  *            or grants ("users").  When both reach zero it is torn down
  *            at once: unlisted, uncharged, its shmem file put.
- *   holder   one segment fd (open file description) plus every VMA
- *            mapped through it; counts as one user of the segment until
- *            the file and all those VMAs are gone.
+ *   holder   one struct file of our own on the segment's shmem inode
+ *            (a segment fd).  Every VMA mapped through it holds it
+ *            through vm_file, as every file mapping does, so the holder
+ *            counts as one user until its fd and all those VMAs are gone.
  *
- * The module stays loaded while anything exists: context and segment
- * files through fops->owner, VMAs (whose vm_file is the shmem file, not
- * ours) through their holder's segment, which owns an anchor file with
- * fops->owner == THIS_MODULE; the VFS drops that reference only after
- * the anchor's ->release has returned.
+ * The module stays loaded while anything exists: context and holder
+ * files pin it through fops->owner, and the VFS drops that reference
+ * only after our ->release has returned, in whatever task or kernel
+ * thread the last fput() of the file runs.  Grants live in contexts.
  */
 #ifndef TSHM_INTERNAL_H
 #define TSHM_INTERNAL_H
 
 #include <linux/fs.h>
-#include <linux/list.h>
 #include <linux/mutex.h>
 #include <linux/rbtree.h>
-#include <linux/refcount.h>
+#include <linux/rcupdate.h>
 #include <linux/sched.h>
 #include <linux/spinlock.h>
 #include <linux/types.h>
 #include <linux/uidgid.h>
 #include <linux/wait.h>
+#include <linux/xarray.h>
 #include <linux/tshm.h>
 
 #include "compat.h"
@@ -42,8 +42,10 @@ struct tshm_user;
  * @id:		never reused while the module is loaded
  * @size:	bytes, page (or huge page) aligned, fixed for life
  * @flags:	TSHM_CREATE_* given at creation
- * @shmem:	the shmem file holding the pages; VMAs use it as vm_file
- * @anchor:	file whose ->release frees this struct; pins the module
+ * @shmem:	shmem file whose inode holds the pages; never given out,
+ *		it keeps the pages while only grants are left
+ * @mapping:	its address_space, freed after an RCU grace period like
+ *		its inode: what lockless readers use
  * @user:	per-user accounting this segment is charged to
  * @uid:	creator's effective uid
  * @pid:	creator's thread group
@@ -55,14 +57,14 @@ struct tshm_user;
  * @grants:	grants outstanding in all contexts
  * @generation:	bumped on every change of @holders or @grants
  * @wq:		poll waiters; woken under @lock
- * @node:	entry in the global segment list, under tshm_segs_lock
+ * @rcu:	freed after an RCU grace period: /proc/tshm walks locklessly
  */
 struct tshm_seg {
 	u64 id;
 	u64 size;
 	u32 flags;
 	struct file *shmem;
-	struct file *anchor;
+	struct address_space *mapping;
 	struct tshm_user *user;
 	kuid_t uid;
 	struct pid *pid;
@@ -76,26 +78,15 @@ struct tshm_seg {
 	u64 generation;
 	wait_queue_head_t wq;
 
-	struct list_head node;
-};
-
-/**
- * struct tshm_holder - what a segment fd's private_data points to
- * @seg:	the segment; alive while this holder is
- * @ref:	one for the file, one per VMA mapped through it
- * @rdonly:	attached read-only: no writable mappings, no grants
- */
-struct tshm_holder {
-	struct tshm_seg *seg;
-	refcount_t ref;
-	bool rdonly;
+	struct rcu_head rcu;
 };
 
 /**
  * struct tshm_ctx - what a /dev/tshm fd's private_data points to
- * @lock:	protects @grants and @nr_grants; never taken under mmap_lock
+ * @lock:	protects @grants and @nr_grants; never held while user memory
+ *		is touched, nor taken under mmap_lock
  * @grants:	struct tshm_grant_ent by segment id
- * @nr_grants:	sum of the entries' counts
+ * @nr_grants:	sum of the entries' counts, both kinds
  */
 struct tshm_ctx {
 	struct mutex lock;	/* grants, nr_grants */
@@ -103,18 +94,14 @@ struct tshm_ctx {
 	u64 nr_grants;
 };
 
-/* Largest number of grants one segment may have outstanding. */
-#define TSHM_GRANTS_MAX		INT_MAX
-
-extern struct mutex tshm_segs_lock;
-extern struct list_head tshm_segs;
+/* Every live segment by id; entries are freed after an RCU grace period. */
+extern struct xarray tshm_segs;
 
 /* segment.c */
 int tshm_seg_init(void);
 void tshm_seg_exit(void);
 struct file *tshm_seg_create(const struct tshm_create *arg, u64 *id);
 struct file *tshm_holder_open(struct tshm_seg *seg, bool rdonly);
-void tshm_holder_put(struct tshm_holder *h);
 bool tshm_seg_add_grants(struct tshm_seg *seg, unsigned int count);
 void tshm_seg_put_grants(struct tshm_seg *seg, unsigned int count);
 u64 tshm_seg_resident(const struct tshm_seg *seg);
@@ -129,12 +116,25 @@ unsigned long tshm_seg_get_unmapped_area(struct file *file,
 					 unsigned long len,
 					 unsigned long pgoff,
 					 unsigned long flags);
+long tshm_seg_fallocate(struct file *file, int mode, loff_t offset,
+			loff_t len);
+
+/**
+ * tshm_holder_rdonly() - whether a holder may not write the segment
+ * @file: a holder's file
+ *
+ * Read-only holders are files opened O_RDONLY: the core mm then refuses
+ * writable shared mappings and clears VM_MAYWRITE by itself.
+ *
+ * Return: true for a read-only holder.
+ */
+static inline bool tshm_holder_rdonly(const struct file *file)
+{
+	return !(file->f_mode & FMODE_WRITE);
+}
 
 /* context.c */
 extern const struct file_operations tshm_ctx_fops;
-struct tshm_ctx *tshm_ctx_from_file(struct file *file);
-int tshm_ctx_grant(struct tshm_ctx *ctx, struct tshm_seg *seg,
-		   unsigned int count, u64 *total);
 
 /* limits.c */
 int tshm_limits_check_size(u64 size);

@@ -2,150 +2,56 @@
 /*
  * tshm: mapping a segment.
  *
- * A mapping made through a holder's fd becomes a real shmem mapping: the
- * VMA's vm_file is switched to the segment's shmem file (as ashmem and
- * i915's gemfs do) and shmem's ->mmap sets it up, so the VMA sits in the
- * shmem inode's i_mmap tree and its pages are reclaimed, swapped,
- * migrated and compacted through rmap like any shmem page.  We then wrap
- * shmem's vm_operations_struct with ours, which adds ->open and ->close
- * to count the VMA as a reference on its holder and forwards every hook
- * shmem has to shmem.  What this keeps and what it loses (vma_is_shmem()
- * is false for our VMAs) is in Documentation/design/lifetimes.rst.
+ * A holder's file is a file of the segment's shmem inode (same inode,
+ * same address_space), with our file_operations.  Its ->mmap checks what
+ * tshm promises (shared only, within the segment, no exec for a NOEXEC
+ * segment) and hands the VMA to shmem's own ->mmap, which sets shmem's
+ * vm_operations.  So the VMA is a shmem VMA in every way the core mm
+ * checks: vma_is_shmem(), shmem_file(vm_file), the inode's i_mmap tree.
+ * vm_file stays the holder's file: the reference every VMA holds on its
+ * file is what keeps the holder alive, and remap_file_pages(), mremap(),
+ * merge, split and fork copy or re-mmap that file like any other.  No
+ * vm_operations of ours exist.  See Documentation/design/lifetimes.rst.
  *
- * Locking: ->mmap runs with mmap_lock held for writing, ->open and
- * ->close under mmap_lock too (or with the mm going away); none of them
- * takes a lock of its own, except the segment's when a holder's last
- * reference goes (segment.c).  Faults run under mmap_lock for reading and
- * only forward to shmem.
+ * Locking: ->mmap runs with mmap_lock held for writing and takes no lock
+ * of its own.  ->fallocate is shmem's, with its locking.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/fs.h>
 #include <linux/mm.h>
-#include <linux/sched/mm.h>
 
 #include "internal.h"
-
-/* shmem's own vm_ops, learnt from the first mapping and checked after. */
-static const struct vm_operations_struct *tshm_shmem_vm_ops;
-
-static void tshm_vm_open(struct vm_area_struct *vma)
-{
-	struct tshm_holder *h = vma->vm_private_data;
-
-	refcount_inc(&h->ref);
-}
-
-static void tshm_vm_close(struct vm_area_struct *vma)
-{
-	tshm_holder_put(vma->vm_private_data);
-}
-
-static vm_fault_t tshm_vm_fault(struct vm_fault *vmf)
-{
-	return tshm_shmem_vm_ops->fault(vmf);
-}
-
-static vm_fault_t tshm_vm_map_pages(struct vm_fault *vmf, pgoff_t start,
-				    pgoff_t end)
-{
-	return tshm_shmem_vm_ops->map_pages(vmf, start, end);
-}
-
-#ifdef CONFIG_NUMA
-static int tshm_vm_set_policy(struct vm_area_struct *vma,
-			      struct mempolicy *new)
-{
-	return tshm_shmem_vm_ops->set_policy(vma, new);
-}
-
-TSHM_DEFINE_GET_POLICY_FORWARD(tshm_vm_get_policy, tshm_shmem_vm_ops)
-#endif
-
-static const struct vm_operations_struct tshm_vm_ops = {
-	.open		= tshm_vm_open,
-	.close		= tshm_vm_close,
-	.fault		= tshm_vm_fault,
-	.map_pages	= tshm_vm_map_pages,
-#ifdef CONFIG_NUMA
-	.set_policy	= tshm_vm_set_policy,
-	.get_policy	= tshm_vm_get_policy,
-#endif
-};
-
-/*
- * Only wrap shmem's operations if we forward every hook they have: a hook
- * we did not know of (a kernel newer than this module was written for)
- * would be silently lost, and the mere presence of some (page_mkwrite,
- * map_pages) changes how the core treats the VMA.
- */
-static bool tshm_shmem_vm_ops_ok(const struct vm_operations_struct *ops)
-{
-	const struct vm_operations_struct known = {
-		.fault		= ops->fault,
-		.map_pages	= ops->map_pages,
-#ifdef CONFIG_NUMA
-		.set_policy	= ops->set_policy,
-		.get_policy	= ops->get_policy,
-#endif
-	};
-
-	if (!ops->fault || !ops->map_pages)
-		return false;
-#ifdef CONFIG_NUMA
-	if (!ops->set_policy || !ops->get_policy)
-		return false;
-#endif
-	return !memcmp(&known, ops, sizeof(known));
-}
 
 /**
  * tshm_seg_mmap() - ->mmap of a holder's file
  * @file: the holder's file
- * @vma: the new VMA, vm_file still @file
+ * @vma: the new VMA; vm_file is @file and stays so
+ *
+ * The core has already refused PROT_WRITE for a read-only holder (an
+ * O_RDONLY file) and cleared VM_MAYWRITE.
  *
  * Return: 0; -EINVAL for a private mapping or one reaching past the end
- * of the segment; -EACCES for a writable mapping of a read-only holder;
- * -ENODEV if shmem's vm_ops are not what this module knows how to wrap.
+ * of the segment; -EPERM for an executable mapping of a NOEXEC segment;
+ * what shmem's ->mmap returns.
  */
 int tshm_seg_mmap(struct file *file, struct vm_area_struct *vma)
 {
-	struct tshm_holder *h = file->private_data;
-	struct file *shmem = h->seg->shmem;
-	pgoff_t pages = h->seg->size >> PAGE_SHIFT;
-	const struct vm_operations_struct *ops;
-	int err;
+	struct tshm_seg *seg = file->private_data;
+	pgoff_t pages = seg->size >> PAGE_SHIFT;
 
 	/* do_mmap() clears VM_SHARED for O_RDONLY files, not VM_MAYSHARE. */
 	if (!(vma->vm_flags & VM_MAYSHARE))
 		return -EINVAL;
 	if (vma->vm_pgoff > pages || vma_pages(vma) > pages - vma->vm_pgoff)
 		return -EINVAL;
-	if (h->rdonly) {
-		if (vma->vm_flags & VM_WRITE)
-			return -EACCES;
-		vm_flags_clear(vma, VM_MAYWRITE);
+	if (seg->flags & TSHM_CREATE_NOEXEC) {
+		/* As do_mmap() does for a file on a noexec mount. */
+		if (vma->vm_flags & VM_EXEC)
+			return -EPERM;
+		vm_flags_clear(vma, VM_MAYEXEC);
 	}
-
-	/* On error the core puts whatever vm_file is then. */
-	vma_set_file(vma, shmem);
-	err = call_mmap(shmem, vma);
-	if (err)
-		return err;
-
-	ops = READ_ONCE(tshm_shmem_vm_ops);
-	if (unlikely(vma->vm_ops != ops)) {
-		if (ops || !tshm_shmem_vm_ops_ok(vma->vm_ops)) {
-			pr_warn_once("unexpected shmem vm_operations, mmap refused\n");
-			return -ENODEV;
-		}
-		WRITE_ONCE(tshm_shmem_vm_ops, vma->vm_ops);
-	}
-
-	refcount_inc(&h->ref);
-	vma->vm_private_data = h;
-	vma->vm_ops = &tshm_vm_ops;
-	return 0;
+	return seg->shmem->f_op->mmap(file, vma);
 }
 
 /**
@@ -157,7 +63,8 @@ int tshm_seg_mmap(struct file *file, struct vm_area_struct *vma)
  * @flags: MAP_* flags
  *
  * shmem aligns mappings of huge-page tmpfs files to PMD boundaries so that
- * faults can map whole huge pages; ask it with the shmem file.
+ * faults can map whole huge pages.  It is asked with the segment's own
+ * shmem file, the only kind of file shmem's helper accepts.
  *
  * Return: the address or a negative errno.
  */
@@ -167,12 +74,31 @@ unsigned long tshm_seg_get_unmapped_area(struct file *file,
 					 unsigned long pgoff,
 					 unsigned long flags)
 {
-	struct tshm_holder *h = file->private_data;
-	struct file *shmem = h->seg->shmem;
+	struct tshm_seg *seg = file->private_data;
+	struct file *shmem = seg->shmem;
 
-	if (shmem->f_op->get_unmapped_area)
-		return shmem->f_op->get_unmapped_area(shmem, addr, len, pgoff,
-						      flags);
-	return mm_get_unmapped_area(current->mm, file, addr, len, pgoff,
-				    flags);
+	return shmem->f_op->get_unmapped_area(shmem, addr, len, pgoff, flags);
+}
+
+/**
+ * tshm_seg_fallocate() - ->fallocate of a holder's file
+ * @file: the holder's file, opened for writing (vfs_fallocate() checks)
+ * @mode: FALLOC_FL_* as shmem takes them
+ * @offset: start
+ * @len: length
+ *
+ * shmem's, on the same inode: FALLOC_FL_PUNCH_HOLE (also what
+ * MADV_REMOVE on a mapping does) takes pages out of the segment, so that
+ * pages a former holder still pins (vmsplice, O_DIRECT) are no longer
+ * the segment's when a pool reuses it; allocation is limited by the
+ * segment's F_SEAL_GROW.
+ *
+ * Return: 0 or what shmem returns.
+ */
+long tshm_seg_fallocate(struct file *file, int mode, loff_t offset,
+			loff_t len)
+{
+	struct tshm_seg *seg = file->private_data;
+
+	return seg->shmem->f_op->fallocate(file, mode, offset, len);
 }

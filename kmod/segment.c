@@ -4,25 +4,28 @@
  *
  * A segment is a shmem file on one of the module's private tmpfs mounts
  * (a huge=within_size one for TSHM_CREATE_HUGE, as i915's gemfs does),
- * sealed against grow and shrink.  Userspace never gets that file: each
- * holder gets a file of its own (a private inode on anon_inodefs whose
- * i_size is the segment size), whose ->mmap hands the VMA over to the
- * shmem file (mmap.c).
+ * sealed against grow and shrink.  Userspace never gets that file.  Each
+ * holder is a struct file of its own on the same shmem inode
+ * (alloc_file_pseudo() with our file_operations), whose ->mmap hands the
+ * VMA to shmem's ->mmap (mmap.c) and whose ->release drops the holder.
+ * The inode's i_fop is ours too, with an ->open that refuses: reopening
+ * a segment fd through /proc/PID/fd or /proc/PID/map_files would give a
+ * plain shmem file, mappable without a holder.
  *
  * Locking:
  *   seg->lock (spinlock)   holders, grants, generation; poll wake-ups are
  *                          issued under it so that the waitqueue cannot
  *                          be freed under the waker.
- *   tshm_segs_lock (mutex) the global list read by /proc/tshm.  Taken
- *                          from ioctl, file release and VMA close, never
- *                          under seg->lock.
+ *   tshm_segs (xarray)     its own lock; readers (/proc/tshm) walk it
+ *                          under RCU and segments are freed after a
+ *                          grace period, so no reader holds a lock that
+ *                          creation or teardown waits for.
  * Nothing here sleeps under seg->lock.  A segment whose holders and grants
  * both reached zero cannot come back: a new holder needs a grant or an
  * existing holder, so tshm_seg_destroy() runs exactly once and unlocked.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
-#include <linux/anon_inodes.h>
 #include <linux/atomic.h>
 #include <linux/err.h>
 #include <linux/falloc.h>
@@ -31,6 +34,7 @@
 #include <linux/mm.h>
 #include <linux/huge_mm.h>
 #include <linux/mount.h>
+#include <linux/pgtable.h>
 #include <linux/pid.h>
 #include <linux/poll.h>
 #include <linux/seq_file.h>
@@ -45,45 +49,28 @@
 /* "tshm:" + 20 digits + ":" + name + NUL */
 #define TSHM_FILE_NAME_LEN	(5 + 20 + 1 + TSHM_NAME_LEN)
 
-/* Protects tshm_segs, the list /proc/tshm walks. */
-DEFINE_MUTEX(tshm_segs_lock);
-LIST_HEAD(tshm_segs);
+DEFINE_XARRAY(tshm_segs);
 
 static atomic64_t tshm_last_id = ATOMIC64_INIT(0);
 static struct vfsmount *tshm_shm_mnt;
 static struct vfsmount *tshm_huge_mnt;
-static struct vfsmount *tshm_anon_mnt;
 
 static const struct file_operations tshm_seg_fops;
 
 /*
- * The anchor is a file whose only job is to keep the module loaded while
- * the segment exists and to free the segment's memory afterwards: its
- * release runs from __fput(), which drops the module reference only after
- * we have returned.  That matters for a segment freed from a VMA close,
- * where nothing else of ours is on the call chain.
+ * The segment inode's i_fop, used only by an open of its path (a magic
+ * link in /proc): a holder is made by CREATE, ATTACH or fd passing only.
+ * Such an open can only start while a holder file exists, which pins the
+ * module.
  */
-static int tshm_anchor_release(struct inode *inode, struct file *file)
+static int tshm_seg_reopen(struct inode *inode, struct file *file)
 {
-	kfree(file->private_data);
-	return 0;
+	return -ENXIO;
 }
 
-static const struct file_operations tshm_anchor_fops = {
+static const struct file_operations tshm_seg_inode_fops = {
 	.owner		= THIS_MODULE,
-	.release	= tshm_anchor_release,
-	.llseek		= noop_llseek,
-};
-
-/* The size of a segment never changes, nor its fd's owner or mode. */
-static int tshm_seg_setattr(struct tshm_idmap *idmap,
-			    struct dentry *dentry, struct iattr *attr)
-{
-	return -EPERM;
-}
-
-static const struct inode_operations tshm_seg_iops = {
-	.setattr	= tshm_seg_setattr,
+	.open		= tshm_seg_reopen,
 };
 
 bool tshm_is_seg_file(const struct file *file)
@@ -95,14 +82,16 @@ bool tshm_is_seg_file(const struct file *file)
  * tshm_seg_resident() - bytes of a segment that are in memory
  * @seg: the segment, alive for the duration of the call
  *
- * Pages in the page cache of its shmem file: not the ones in swap, not
- * holes.  Read without locks; a snapshot.
+ * Pages in the page cache of its shmem inode: not the ones in swap, not
+ * holes.  Read without locks; a snapshot.  Under RCU (/proc/tshm) @seg
+ * may be on its way out: its mapping, part of an inode freed after a
+ * grace period, is still there to read.
  *
  * Return: bytes.
  */
 u64 tshm_seg_resident(const struct tshm_seg *seg)
 {
-	return (u64)READ_ONCE(seg->shmem->f_mapping->nrpages) << PAGE_SHIFT;
+	return (u64)READ_ONCE(seg->mapping->nrpages) << PAGE_SHIFT;
 }
 
 /**
@@ -123,19 +112,27 @@ void tshm_seg_counts(struct tshm_seg *seg, unsigned int *holders,
 	spin_unlock(&seg->lock);
 }
 
-/* Undo everything tshm_seg_create() did; @seg has no users left. */
+static void tshm_seg_free_rcu(struct rcu_head *rcu)
+{
+	struct tshm_seg *seg = container_of(rcu, struct tshm_seg, rcu);
+
+	put_pid(seg->pid);
+	kfree(seg);
+}
+
+/*
+ * Undo everything tshm_seg_create() did; @seg has no users left.  The
+ * last VMA went before its holder's file did, so the pages go with the
+ * shmem file here, unless something else pins them (see the pool's
+ * punch in Documentation/design/lifetimes.rst).
+ */
 static void tshm_seg_destroy(struct tshm_seg *seg)
 {
-	mutex_lock(&tshm_segs_lock);
-	list_del_init(&seg->node);
-	mutex_unlock(&tshm_segs_lock);
-
+	xa_erase(&tshm_segs, seg->id);
 	tshm_user_uncharge(seg->user, seg->size);
-	/* VMAs still holding the shmem file keep it; no holder is left. */
 	fput(seg->shmem);
-	put_pid(seg->pid);
-	/* Frees @seg, then lets the module go, once we are out of here. */
-	fput(seg->anchor);
+	/* /proc/tshm readers may still look at it; tshm_seg_exit() waits. */
+	call_rcu(&seg->rcu, tshm_seg_free_rcu);
 }
 
 static void tshm_seg_put_users(struct tshm_seg *seg, unsigned int holders,
@@ -191,23 +188,6 @@ void tshm_seg_put_grants(struct tshm_seg *seg, unsigned int count)
 }
 
 /**
- * tshm_holder_put() - drop a reference on a holder
- * @h: the holder
- *
- * The last reference (file and VMAs all gone) detaches the holder from
- * its segment, which is freed if that was its last user.  May sleep.
- */
-void tshm_holder_put(struct tshm_holder *h)
-{
-	struct tshm_seg *seg = h->seg;
-
-	if (!refcount_dec_and_test(&h->ref))
-		return;
-	kfree(h);
-	tshm_seg_put_users(seg, 1, 0);
-}
-
-/**
  * tshm_holder_open() - make a new holder of @seg
  * @seg: the segment, kept alive by the caller
  * @rdonly: the holder may not map for writing nor grant
@@ -216,53 +196,28 @@ void tshm_holder_put(struct tshm_holder *h)
  */
 struct file *tshm_holder_open(struct tshm_seg *seg, bool rdonly)
 {
+	struct inode *inode = file_inode(seg->shmem);
 	char fname[TSHM_FILE_NAME_LEN];
-	struct tshm_holder *h;
-	struct inode *inode;
 	struct file *file;
-	int err;
-
-	h = kzalloc(sizeof(*h), GFP_KERNEL_ACCOUNT);
-	if (!h)
-		return ERR_PTR(-ENOMEM);
-
-	inode = alloc_anon_inode(tshm_anon_mnt->mnt_sb);
-	if (IS_ERR(inode)) {
-		err = PTR_ERR(inode);
-		goto err_free;
-	}
-	inode->i_ino = seg->id;
-	inode->i_mode = S_IFREG | (rdonly ? 0400 : 0600);
-	inode->i_op = &tshm_seg_iops;
-	i_size_write(inode, seg->size);
 
 	/* Dropped by __fput(); the caller's own file pins us meanwhile. */
 	__module_get(THIS_MODULE);
+	ihold(inode);
 	snprintf(fname, sizeof(fname), "tshm:%llu:%s", seg->id, seg->name);
-	file = alloc_file_pseudo(inode, tshm_anon_mnt, fname,
+	file = alloc_file_pseudo(inode, seg->shmem->f_path.mnt, fname,
 				 rdonly ? O_RDONLY : O_RDWR, &tshm_seg_fops);
 	if (IS_ERR(file)) {
-		err = PTR_ERR(file);
-		goto err_put;
+		iput(inode);
+		module_put(THIS_MODULE);
+		return file;
 	}
-
-	h->seg = seg;
-	h->rdonly = rdonly;
-	refcount_set(&h->ref, 1);
-	file->private_data = h;
+	file->private_data = seg;
 
 	spin_lock(&seg->lock);
 	seg->holders++;
 	seg->generation++;
 	spin_unlock(&seg->lock);
 	return file;
-
-err_put:
-	module_put(THIS_MODULE);
-	iput(inode);
-err_free:
-	kfree(h);
-	return ERR_PTR(err);
 }
 
 static int tshm_seg_check_create(const struct tshm_create *arg, u64 *size)
@@ -281,7 +236,8 @@ static int tshm_seg_check_create(const struct tshm_create *arg, u64 *size)
 	if (arg->flags & TSHM_CREATE_HUGE) {
 		if (!tshm_huge_mnt)
 			return -EOPNOTSUPP;
-		align = HPAGE_PMD_SIZE;
+		/* What shmem allocates huge pages in (HPAGE_PMD_SIZE). */
+		align = PMD_SIZE;
 	}
 	if (arg->size > (u64)MAX_LFS_FILESIZE - align)
 		return -EOVERFLOW;
@@ -305,6 +261,7 @@ struct file *tshm_seg_create(const struct tshm_create *arg, u64 *id)
 {
 	char fname[TSHM_FILE_NAME_LEN];
 	struct tshm_seg *seg;
+	struct inode *inode;
 	struct file *file;
 	struct vfsmount *mnt;
 	u64 size;
@@ -326,7 +283,6 @@ struct file *tshm_seg_create(const struct tshm_create *arg, u64 *id)
 	seg->created = ktime_get_boottime_seconds();
 	spin_lock_init(&seg->lock);
 	init_waitqueue_head(&seg->wq);
-	INIT_LIST_HEAD(&seg->node);
 
 	err = tshm_user_charge(seg->uid, size, &seg->user);
 	if (err)
@@ -341,8 +297,12 @@ struct file *tshm_seg_create(const struct tshm_create *arg, u64 *id)
 		goto err_uncharge;
 	}
 	/* As a sealed memfd: writes, faults and fallocate stay within. */
-	SHMEM_I(file_inode(seg->shmem))->seals |= F_SEAL_SEAL | F_SEAL_GROW |
-						    F_SEAL_SHRINK;
+	inode = file_inode(seg->shmem);
+	seg->mapping = inode->i_mapping;
+	SHMEM_I(inode)->seals |= F_SEAL_SEAL | F_SEAL_GROW | F_SEAL_SHRINK;
+	/* Not yet visible to anyone: fstat() shows the id, no reopening. */
+	inode->i_ino = seg->id;
+	inode->i_fop = &tshm_seg_inode_fops;
 
 	if (arg->flags & TSHM_CREATE_PREFAULT) {
 		err = vfs_fallocate(seg->shmem, 0, 0, size);
@@ -350,13 +310,10 @@ struct file *tshm_seg_create(const struct tshm_create *arg, u64 *id)
 			goto err_shmem;
 	}
 
-	seg->anchor = anon_inode_getfile("[tshm]", &tshm_anchor_fops, seg,
-					 O_RDONLY);
-	if (IS_ERR(seg->anchor)) {
-		err = PTR_ERR(seg->anchor);
-		goto err_shmem;
-	}
 	seg->pid = get_pid(task_tgid(current));
+	err = xa_insert(&tshm_segs, seg->id, seg, GFP_KERNEL_ACCOUNT);
+	if (err)
+		goto err_pid;
 
 	/* From here on, tshm_seg_destroy() undoes everything. */
 	file = tshm_holder_open(seg, false);
@@ -364,14 +321,11 @@ struct file *tshm_seg_create(const struct tshm_create *arg, u64 *id)
 		tshm_seg_destroy(seg);
 		return file;
 	}
-
-	mutex_lock(&tshm_segs_lock);
-	list_add_tail(&seg->node, &tshm_segs);
-	mutex_unlock(&tshm_segs_lock);
-
 	*id = seg->id;
 	return file;
 
+err_pid:
+	put_pid(seg->pid);
 err_shmem:
 	fput(seg->shmem);
 err_uncharge:
@@ -381,57 +335,16 @@ err_free:
 	return ERR_PTR(err);
 }
 
+/* The fd and every VMA mapped through this holder are gone. */
 static int tshm_seg_release(struct inode *inode, struct file *file)
 {
-	tshm_holder_put(file->private_data);
+	tshm_seg_put_users(file->private_data, 1, 0);
 	return 0;
-}
-
-static long tshm_ioc_grant(struct file *file, void __user *uarg)
-{
-	struct tshm_holder *h = file->private_data;
-	struct tshm_grant __user *ug = uarg;
-	struct tshm_grant arg;
-	struct tshm_ctx *ctx;
-	struct fd f;
-	u64 total;
-	int err;
-
-	err = tshm_copy_arg(&arg, sizeof(arg), uarg);
-	if (err)
-		return err;
-	if (arg.flags || memchr_inv(arg.__reserved, 0, sizeof(arg.__reserved)))
-		return -EINVAL;
-	if (arg.count <= 0)
-		return -EINVAL;
-	if (h->rdonly)
-		return -EACCES;
-	/* Fault now rather than after the grants were made. */
-	if (put_user(0, &ug->grants))
-		return -EFAULT;
-
-	f = fdget(arg.ctx_fd);
-	if (!fd_file(f))
-		return -EBADF;
-	ctx = tshm_ctx_from_file(fd_file(f));
-	if (!ctx) {
-		err = -EINVAL;
-		goto out;
-	}
-	err = tshm_ctx_grant(ctx, h->seg, arg.count, &total);
-	if (err)
-		goto out;
-	if (put_user(total, &ug->grants))
-		err = -EFAULT;
-out:
-	fdput(f);
-	return err;
 }
 
 static long tshm_ioc_info(struct file *file, void __user *uarg)
 {
-	struct tshm_holder *h = file->private_data;
-	struct tshm_seg *seg = h->seg;
+	struct tshm_seg *seg = file->private_data;
 	struct tshm_info info;
 	int err;
 
@@ -439,7 +352,8 @@ static long tshm_ioc_info(struct file *file, void __user *uarg)
 	if (err)
 		return err;
 	info = (struct tshm_info){ .argsz = info.argsz };
-	info.flags = seg->flags | (h->rdonly ? TSHM_INFO_RDONLY : 0);
+	info.flags = tshm_holder_rdonly(file) ? TSHM_INFO_RDONLY : 0;
+	info.create_flags = seg->flags;
 	info.id = seg->id;
 	info.size = seg->size;
 	info.resident = tshm_seg_resident(seg);
@@ -455,8 +369,6 @@ static long tshm_seg_ioctl(struct file *file, unsigned int cmd,
 
 	/* The size bits may grow with the struct: @argsz says which. */
 	switch (cmd & ~IOCSIZE_MASK) {
-	case TSHM_IOC_GRANT & ~IOCSIZE_MASK:
-		return tshm_ioc_grant(file, uarg);
 	case TSHM_IOC_INFO & ~IOCSIZE_MASK:
 		return tshm_ioc_info(file, uarg);
 	}
@@ -466,8 +378,7 @@ static long tshm_seg_ioctl(struct file *file, unsigned int cmd,
 /* Readable when the caller's holder is the only user left. */
 static __poll_t tshm_seg_poll(struct file *file, poll_table *wait)
 {
-	struct tshm_holder *h = file->private_data;
-	struct tshm_seg *seg = h->seg;
+	struct tshm_seg *seg = file->private_data;
 	unsigned int holders, grants;
 
 	poll_wait(file, &seg->wq, wait);
@@ -477,8 +388,7 @@ static __poll_t tshm_seg_poll(struct file *file, poll_table *wait)
 
 static void tshm_seg_show_fdinfo(struct seq_file *m, struct file *file)
 {
-	struct tshm_holder *h = file->private_data;
-	struct tshm_seg *seg = h->seg;
+	struct tshm_seg *seg = file->private_data;
 	unsigned int holders, grants;
 	u64 gen;
 
@@ -489,8 +399,9 @@ static void tshm_seg_show_fdinfo(struct seq_file *m, struct file *file)
 	seq_printf(m, "tshm-holders:\t%u\n", holders);
 	seq_printf(m, "tshm-grants:\t%u\n", grants);
 	seq_printf(m, "tshm-generation:\t%llu\n", gen);
+	seq_printf(m, "tshm-create-flags:\t%#x\n", seg->flags);
 	seq_printf(m, "tshm-flags:\t%#x\n",
-		   seg->flags | (h->rdonly ? TSHM_INFO_RDONLY : 0));
+		   tshm_holder_rdonly(file) ? TSHM_INFO_RDONLY : 0);
 	seq_puts(m, "tshm-name:\t");
 	tshm_seq_name(m, seg->name);
 	seq_putc(m, '\n');
@@ -503,6 +414,8 @@ static const struct file_operations tshm_seg_fops = {
 	.compat_ioctl		= compat_ptr_ioctl,
 	.mmap			= tshm_seg_mmap,
 	.get_unmapped_area	= tshm_seg_get_unmapped_area,
+	.fallocate		= tshm_seg_fallocate,
+	.fsync			= noop_fsync,	/* as shmem: msync(MS_SYNC) */
 	.poll			= tshm_seg_poll,
 	.show_fdinfo		= tshm_seg_show_fdinfo,
 	.llseek			= noop_llseek,
@@ -523,6 +436,12 @@ static struct vfsmount *tshm_mount_huge(struct file_system_type *type)
 	return mnt;
 }
 
+/* put_filesystem(), which modules cannot call, for get_fs_type()'s ref. */
+static void tshm_put_filesystem(struct file_system_type *type)
+{
+	module_put(type->owner);
+}
+
 /**
  * tshm_seg_init() - set up the mounts segments live on
  *
@@ -531,14 +450,15 @@ static struct vfsmount *tshm_mount_huge(struct file_system_type *type)
 int tshm_seg_init(void)
 {
 	struct file_system_type *type;
-	struct file *probe;
 
 	type = get_fs_type("tmpfs");
 	if (!type)
 		return -ENODEV;
 	tshm_shm_mnt = kern_mount(type);
-	if (IS_ERR(tshm_shm_mnt))
+	if (IS_ERR(tshm_shm_mnt)) {
+		tshm_put_filesystem(type);
 		return PTR_ERR(tshm_shm_mnt);
+	}
 
 	tshm_huge_mnt = NULL;
 	if (IS_ENABLED(CONFIG_TRANSPARENT_HUGEPAGE)) {
@@ -549,31 +469,25 @@ int tshm_seg_init(void)
 			tshm_huge_mnt = NULL;
 		}
 	}
-
-	/* Holder inodes live on anon_inodefs, which outlives the module. */
-	probe = anon_inode_getfile("[tshm]", &tshm_anchor_fops, NULL, O_RDONLY);
-	if (IS_ERR(probe)) {
-		tshm_seg_exit();
-		return PTR_ERR(probe);
-	}
-	tshm_anon_mnt = mntget(probe->f_path.mnt);
-	fput(probe);
+	/* The superblocks hold their own references on the type. */
+	tshm_put_filesystem(type);
 	return 0;
 }
 
 /**
  * tshm_seg_exit() - drop the mounts; no segment may be left
  *
- * Shmem files still on their way out (a VMA's vm_file put after our
- * close hook ran) keep their mount alive; the VFS releases it later.
+ * Waits for the RCU callbacks that free segments (they are our code).
+ * Shmem files still on their way out (a segment's shmem file put by
+ * tshm_seg_destroy() as task work) keep their mount alive; the VFS
+ * releases it later, with tmpfs code that is built in.
  */
 void tshm_seg_exit(void)
 {
-	if (tshm_anon_mnt)
-		mntput(tshm_anon_mnt);
+	rcu_barrier();
 	if (tshm_huge_mnt)
 		kern_unmount(tshm_huge_mnt);
 	kern_unmount(tshm_shm_mnt);
-	tshm_anon_mnt = NULL;
 	tshm_huge_mnt = NULL;
+	WARN_ON(!xa_empty(&tshm_segs));
 }

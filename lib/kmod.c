@@ -14,9 +14,12 @@
 
 #include "tshm-private.h"
 
+/* The module's misc device; udev names it after the module. */
+#define KMOD_DEVICE	"/dev/tshm"
+
 int kmod_open(void)
 {
-	int fd = open(TSHM_DEVICE_PATH, O_RDWR | O_CLOEXEC);
+	int fd = open(KMOD_DEVICE, O_RDWR | O_CLOEXEC);
 
 	return fd < 0 ? -errno : fd;
 }
@@ -28,7 +31,7 @@ int kmod_is_ctx_fd(int fd)
 
 	if (fstat(fd, &st) < 0)
 		return -errno;
-	if (!S_ISCHR(st.st_mode) || stat(TSHM_DEVICE_PATH, &dev) < 0)
+	if (!S_ISCHR(st.st_mode) || stat(KMOD_DEVICE, &dev) < 0)
 		return 0;
 	return st.st_rdev == dev.st_rdev;
 }
@@ -75,13 +78,34 @@ int kmod_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
 	return 0;
 }
 
+/* GRANT is issued on the receiving context, naming the segment by fd. */
 int kmod_grant(int seg_fd, int ctx_fd, int count)
 {
 	struct tshm_grant g = {
-		.argsz = sizeof(g), .ctx_fd = ctx_fd, .count = count,
+		.argsz = sizeof(g), .seg_fd = seg_fd, .count = count,
 	};
 
-	int ret = xioctl(seg_fd, TSHM_IOC_GRANT, &g);
+	if (count <= 0)
+		return -EINVAL;
+	int ret = xioctl(ctx_fd, TSHM_IOC_GRANT, &g);
+
+	return ret < 0 ? ret : 0;
+}
+
+/*
+ * GRANT of the segment this process maps at @addr: no fd needed, so a
+ * received segment kept only mapped can be passed on.
+ */
+int kmod_grant_addr(const void *addr, int ctx_fd, int count)
+{
+	struct tshm_grant g = {
+		.argsz = sizeof(g), .flags = TSHM_GRANT_BY_ADDR, .seg_fd = -1,
+		.count = count, .addr = (uintptr_t)addr,
+	};
+
+	if (count <= 0)
+		return -EINVAL;
+	int ret = xioctl(ctx_fd, TSHM_IOC_GRANT, &g);
 
 	return ret < 0 ? ret : 0;
 }
@@ -94,16 +118,18 @@ int kmod_attach(int ctx_fd, uint64_t id, int *fd, size_t *size)
 	ret = xioctl(ctx_fd, TSHM_IOC_ATTACH, &a);
 	if (ret < 0)
 		return ret;
-	*fd = a.fd;
+	*fd = ret;
 	*size = a.size;
 	return 0;
 }
 
 int kmod_drop(int ctx_fd, uint64_t id, int count)
 {
-	struct tshm_attach a = { .argsz = sizeof(a), .id = id, .count = count };
+	struct tshm_drop d = { .argsz = sizeof(d), .id = id, .count = count };
 
-	return xioctl(ctx_fd, TSHM_IOC_DROP, &a);
+	if (count <= 0)
+		return -EINVAL;
+	return xioctl(ctx_fd, TSHM_IOC_DROP, &d);
 }
 
 int kmod_info_name(int seg_fd, char *name, size_t len)

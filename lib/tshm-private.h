@@ -215,6 +215,7 @@ int kmod_is_ctx_fd(int fd);
 int kmod_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
 		    unsigned flags, int *fd, uint64_t *id, size_t *mapsize);
 int kmod_grant(int seg_fd, int ctx_fd, int count);
+int kmod_grant_addr(const void *addr, int ctx_fd, int count);
 int kmod_attach(int ctx_fd, uint64_t id, int *fd, size_t *size);
 int kmod_drop(int ctx_fd, uint64_t id, int count);
 int kmod_info_name(int seg_fd, char *name, size_t len);

@@ -106,7 +106,9 @@
 	X(grant_ctx_closed) X(grant_ctx_negative) X(grant_ctx_is_seg)	\
 	X(grant_ctx_pipe) X(grant_ctx_devnull) X(grant_ctx_epoll)	\
 	X(grant_rdonly_holder) X(grant_ptr_rdonly) X(grant_argsz)	\
-	X(grant_on_ctx) X(grant_garbage)				\
+	X(grant_on_seg) X(grant_garbage) X(grant_by_addr)		\
+	X(grant_by_addr_rdonly) X(grant_by_addr_bad) X(grant_rdonly)	\
+	X(grant_addr_and_fd)						\
 	X(info_valid) X(info_argsz) X(info_ptr_bad) X(info_on_ctx)	\
 	X(info_garbage)							\
 	X(ioctl_unknown_nr) X(ioctl_other_magic) X(ioctl_foreign_fd)	\
@@ -161,6 +163,7 @@ struct map {
 	size_t len;
 	uint64_t off, segsize, id;
 	bool writable;
+	bool rdonly;	/* mapped through a read-only holder */
 	bool dontfork;	/* not in a forked child */
 };
 
@@ -225,7 +228,18 @@ static void hit(enum kind k)
 
 static int xioctl(int fd, unsigned long cmd, void *arg)
 {
-	return ioctl(fd, cmd, arg) ? errno : 0;
+	return ioctl(fd, cmd, arg) < 0 ? errno : 0;
+}
+
+/* For ioctls that return a value (GRANT: a count, ATTACH: an fd). */
+static int xioctl_ret(int fd, unsigned long cmd, void *arg, int *ret)
+{
+	int r = ioctl(fd, cmd, arg);
+
+	if (r < 0)
+		return errno;
+	*ret = r;
+	return 0;
 }
 
 static const char *ename(int e)
@@ -559,7 +573,7 @@ static void op_create(void)
 		break;
 	case 13:
 		k = K_create_bad_flags;
-		a.flags |= 1U << (3 + rn(29));
+		a.flags |= 1U << (4 + rn(28));
 		want_err = EINVAL;
 		break;
 	case 14:
@@ -700,6 +714,8 @@ static void op_create(void)
 
 /* ---- GRANT ------------------------------------------------------------- */
 
+static struct map *map_pick(void);
+
 static void grant_account(struct ctx *c, struct seg *s, int count)
 {
 	int i;
@@ -721,57 +737,151 @@ static void grant_account(struct ctx *c, struct seg *s, int count)
 	c->g[i].count += count;
 }
 
+/* GRANT by the address of one of our mappings (no fd involved). */
+static void grant_by_addr(struct ctx *c)
+{
+	struct tshm_grant g = { .argsz = sizeof(g), .flags = TSHM_GRANT_BY_ADDR,
+				.seg_fd = -1, .count = 1 };
+	struct map *m = map_pick();
+	enum kind bk;
+	int e, total = 0;
+
+	switch (rn(4)) {
+	default:
+		if (!m)
+			return;
+		g.addr = (uintptr_t)m->addr + rn(m->len);
+		if (m->rdonly && rn(4)) {
+			e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
+			expect(grant_by_addr_rdonly, e, EACCES);
+			return;
+		}
+		if (m->rdonly || !rn(4)) {
+			/* Read-only grants: given back at once when ours. */
+			g.flags |= TSHM_GRANT_RDONLY;
+			e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
+			if (expect(grant_by_addr_rdonly, e, 0, EOVERFLOW,
+				   OK_RES) && !e) {
+				struct tshm_drop d = { .argsz = sizeof(d),
+					.flags = TSHM_DROP_RDONLY, .id = m->id,
+					.count = 1 };
+
+				seg_share(m->id);
+				e = xioctl(c->fd, TSHM_IOC_DROP, &d);
+				if (!c->shared)
+					expect(grant_rdonly, e, 0);
+			}
+			return;
+		}
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
+		if (expect(grant_by_addr, e, 0, EOVERFLOW, OK_RES) && !e) {
+			struct seg tmp = { .id = m->id };
+
+			if (total < 1)
+				violation(K_grant_by_addr, "total %d", total);
+			grant_account(c, &tmp, 1);
+		}
+		return;
+	case 1:
+		/* Mapped, but not a segment: our arena. */
+		g.addr = (uintptr_t)W.arena + rn(3 * PAGE);
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
+		expect(grant_by_addr_bad, e, EINVAL);
+		return;
+	case 2:
+		g.addr = (uintptr_t)bad_ptr(&bk, 0, 0, 0);
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
+		expect(grant_by_addr_bad, e, EFAULT, EINVAL);
+		return;
+	case 3:
+		/* An fd and BY_ADDR, or an address without it. */
+		if (rn(2)) {
+			g.seg_fd = m ? 0 : 3;
+			g.addr = m ? (uintptr_t)m->addr : 0;
+		} else {
+			g.flags = 0;
+			g.seg_fd = seg_pick() ? seg_pick()->fd : 0;
+			g.addr = 1 + rn(1ULL << 40);
+		}
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
+		expect(grant_addr_and_fd, e, EINVAL);
+		return;
+	}
+}
+
 static void op_grant(void)
 {
 	struct seg *s = seg_pick();
 	struct ctx *c = ctx_pick();
 	struct tshm_grant g = { .argsz = sizeof(g) }, *u;
-	int e, pfd[2];
+	int e, pfd[2], total = 0;
 
-	if (!s || !c)
+	if (!c)
 		return;
-	g.ctx_fd = c->fd;
+	if (!rn(5)) {
+		grant_by_addr(c);
+		return;
+	}
+	if (!s)
+		return;
+	g.seg_fd = s->fd;
 	g.count = 1 + rn(3);
 
 	if (s->rdonly) {
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
-		expect(grant_rdonly_holder, e, EACCES);
+		if (rn(2)) {
+			e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
+			expect(grant_rdonly_holder, e, EACCES);
+			return;
+		}
+		struct ctx *p = ctx_pick_private();
+		struct tshm_drop d = { .argsz = sizeof(d),
+				       .flags = TSHM_DROP_RDONLY, .id = s->id,
+				       .count = g.count };
+
+		if (!p)
+			return;
+		g.flags = TSHM_GRANT_RDONLY;
+		e = xioctl_ret(p->fd, TSHM_IOC_GRANT, &g, &total);
+		if (expect(grant_rdonly, e, 0, EOVERFLOW, OK_RES) && !e) {
+			seg_share(s->id);
+			e = xioctl(p->fd, TSHM_IOC_DROP, &d);
+			expect(grant_rdonly, e, 0);
+		}
 		return;
 	}
 	switch (rn(26)) {
 	default:
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
 		if (c->shared ? expect(grant_shared, e, 0, EOVERFLOW, OK_RES) :
 				expect(grant_private, e, 0, EOVERFLOW, OK_RES)) {
 			if (!e) {
-				if (g.grants < (uint64_t)g.count)
+				if (total < (int)g.count)
 					violation(K_grant_private,
-						  "grants %" PRIu64 " < %d",
-						  (uint64_t)g.grants, g.count);
+						  "grants %d < %u", total,
+						  g.count);
 				grant_account(c, s, g.count);
 			}
 		}
 		return;
 	case 10: {
-		/* Up to INT_MAX grants: then one more overflows. */
+		/* Up to TSHM_GRANTS_MAX grants: then one more overflows. */
 		struct ctx *p = ctx_pick_private();
 
 		bool alone = s->exclusive;
 
 		if (!p)
 			return;
-		g.ctx_fd = p->fd;
-		g.count = INT_MAX;
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
-		/* Without other grants, INT_MAX fit; with any, they cannot. */
+		g.count = TSHM_GRANTS_MAX;
+		e = xioctl_ret(p->fd, TSHM_IOC_GRANT, &g, &total);
+		/* Without other grants, all fit; with any, they cannot. */
 		if (alone ? !expect(grant_int_max, e, 0) :
 			    !expect(grant_int_max, e, 0, EOVERFLOW))
 			return;
 		if (e)
 			return;
-		grant_account(p, s, INT_MAX);
+		grant_account(p, s, TSHM_GRANTS_MAX);
 		g.count = 1;
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		e = xioctl_ret(p->fd, TSHM_IOC_GRANT, &g, &total);
 		if (alone)
 			expect(grant_overflow, e, EOVERFLOW);
 		else if (expect(grant_overflow, e, EOVERFLOW, 0) && !e)
@@ -780,62 +890,67 @@ static void op_grant(void)
 	}
 	case 11:
 		g.count = 0;
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
 		expect(grant_count_zero, e, EINVAL);
 		return;
 	case 12:
-		g.count = rn(2) ? INT_MIN : -1 - (int)rn(1000);
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
-		expect(grant_count_negative, e, EINVAL);
+		/* Unsigned: above TSHM_GRANTS_MAX is an overflow. */
+		g.count = TSHM_GRANTS_MAX + 1U + rn(TSHM_GRANTS_MAX);
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
+		expect(grant_count_negative, e, EOVERFLOW);
 		return;
 	case 13:
-		g.flags = 1U << rn(32);
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		g.flags = 1U << (2 + rn(30));
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
 		expect(grant_flags, e, EINVAL);
 		return;
 	case 14:
 		g.__reserved[rn(2)] = 1 + rn(UINT32_MAX);
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
 		expect(grant_reserved, e, EINVAL);
 		return;
 	case 15:
-		g.ctx_fd = 900 + rn(100);	/* above anything we open */
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		g.seg_fd = 900 + rn(100);	/* above anything we open */
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
 		expect(grant_ctx_closed, e, EBADF);
 		return;
 	case 16:
-		g.ctx_fd = rn(2) ? -1 : INT_MIN;
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		g.seg_fd = rn(2) ? -1 : INT_MIN;
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
 		expect(grant_ctx_negative, e, EBADF);
 		return;
 	case 17:
-		g.ctx_fd = seg_pick()->fd;
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		/* A context where the segment fd goes. */
+		g.seg_fd = c->fd;
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
 		expect(grant_ctx_is_seg, e, EINVAL);
 		return;
 	case 18:
 		if (pipe2(pfd, O_CLOEXEC))
 			return;
-		g.ctx_fd = pfd[rn(2)];
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		g.seg_fd = pfd[rn(2)];
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
 		expect(grant_ctx_pipe, e, EINVAL);
 		close(pfd[0]);
 		close(pfd[1]);
 		return;
 	case 19:
-		g.ctx_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		g.seg_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
 		expect(grant_ctx_devnull, e, EINVAL);
-		close(g.ctx_fd);
+		close(g.seg_fd);
 		return;
 	case 20:
-		g.ctx_fd = W.epfd;
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		g.seg_fd = W.epfd;
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
 		expect(grant_ctx_epoll, e, EINVAL);
 		return;
 	case 21:
-		e = xioctl(s->fd, TSHM_IOC_GRANT, arg_ro(&g, sizeof(g)));
-		expect(grant_ptr_rdonly, e, EFAULT);
+		/* GRANT only reads its argument: a read-only one works. */
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, arg_ro(&g, sizeof(g)),
+			       &total);
+		if (expect(grant_ptr_rdonly, e, 0, EOVERFLOW, OK_RES) && !e)
+			grant_account(c, s, g.count);
 		return;
 	case 22: {
 		size_t sz;
@@ -843,12 +958,12 @@ static void op_grant(void)
 		switch (rn(3)) {
 		case 0:
 			g.argsz = rn(sizeof(g));
-			e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+			e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
 			expect(grant_argsz, e, EINVAL);
 			return;
 		case 1:
 			g.argsz = PAGE + 1 + rn(1 << 20);
-			e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+			e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
 			expect(grant_argsz, e, E2BIG);
 			return;
 		default:
@@ -857,14 +972,14 @@ static void op_grant(void)
 			g.argsz = sz;
 			memcpy(u, &g, sizeof(g));
 			((char *)u)[sz - 1] = 7;
-			e = xioctl(s->fd, TSHM_IOC_GRANT, u);
+			e = xioctl_ret(c->fd, TSHM_IOC_GRANT, u, &total);
 			expect(grant_argsz, e, E2BIG);
 			return;
 		}
 	}
 	case 23:
-		e = xioctl(c->fd, TSHM_IOC_GRANT, &g);
-		expect(grant_on_ctx, e, ENOTTY);
+		e = xioctl_ret(s->fd, TSHM_IOC_GRANT, &g, &total);
+		expect(grant_on_seg, e, ENOTTY);
 		return;
 	case 24: {
 		/* A context this process got from another one. */
@@ -876,8 +991,7 @@ static void op_grant(void)
 				f = &W.ctxs[i];
 		if (!f)
 			return;
-		g.ctx_fd = f->fd;
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		e = xioctl_ret(f->fd, TSHM_IOC_GRANT, &g, &total);
 		if (expect(grant_foreign_ctx, e, 0, EOVERFLOW, OK_RES) && !e)
 			seg_share(s->id);
 		return;
@@ -890,16 +1004,15 @@ static void op_grant(void)
 			q[i] = rn(3) ? rnd() : 0;
 		if (rn(2))
 			g.argsz = sizeof(g);
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
-		/* A random ctx_fd may name a context we hold: loose then. */
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
+		/* A random seg_fd or address may name a segment we hold. */
 		if (expect(grant_garbage, e, 0, EINVAL, E2BIG, EBADF, EFAULT,
-			   EOVERFLOW, OK_RES) && !e) {
+			   EACCES, EOVERFLOW, OK_RES) && !e) {
 			int j;
 
-			seg_share(s->id);
-			for (j = 0; j < W.nctxs; j++)
-				if (W.ctxs[j].fd == g.ctx_fd)
-					W.ctxs[j].shared = true;
+			for (j = 0; j < W.nsegs; j++)
+				W.segs[j].exclusive = false;
+			c->shared = true;
 		}
 		return;
 	}
@@ -908,25 +1021,25 @@ static void op_grant(void)
 
 /* ---- ATTACH / DROP ----------------------------------------------------- */
 
-static void attach_got(struct tshm_attach *a, uint64_t id, bool rdonly,
-		       enum kind k)
+static void attach_got(struct tshm_attach *a, int fd, uint64_t id,
+		       bool rdonly, enum kind k)
 {
 	struct tshm_info info = { .argsz = sizeof(info) };
 	int e;
 
-	if (a->fd < 0) {
-		violation(k, "fd %d", a->fd);
+	if (fd < 0) {
+		violation(k, "fd %d", fd);
 		return;
 	}
-	e = xioctl(a->fd, TSHM_IOC_INFO, &info);
+	e = xioctl(fd, TSHM_IOC_INFO, &info);
 	if (e || info.id != id || info.size != a->size ||
-	    !!(info.flags & TSHM_INFO_RDONLY) != rdonly || !info.holders)
+	    !!(info.flags & TSHM_INFO_RDONLY) != rdonly || !info.holders ||
+	    (fcntl(fd, F_GETFL) & O_ACCMODE) != (rdonly ? O_RDONLY : O_RDWR))
 		violation(k, "INFO after ATTACH: %s id %" PRIu64 "/%" PRIu64
 			  " size %" PRIu64 "/%" PRIu64 " flags %#x holders %u",
 			  ename(e), (uint64_t)info.id, id, (uint64_t)info.size,
 			  (uint64_t)a->size, info.flags, info.holders);
-	seg_add(a->fd, id, a->size, info.flags & ~TSHM_INFO_RDONLY, rdonly,
-		false);
+	seg_add(fd, id, a->size, info.create_flags, rdonly, false);
 }
 
 static uint64_t never_id(void)
@@ -944,7 +1057,7 @@ static void op_attach(void)
 	struct tshm_attach a = { .argsz = sizeof(a) };
 	struct ctx *c = ctx_pick_private();
 	struct seg *s;
-	int e, i;
+	int e, i, fd = -1;
 
 	switch (rn(14)) {
 	case 0: case 1: case 2: case 3:
@@ -956,17 +1069,17 @@ static void op_attach(void)
 		a.flags = rn(2) ? TSHM_ATTACH_NOCLOEXEC : 0;
 		if (rn(3) == 0) {
 			a.flags |= TSHM_ATTACH_RDONLY;
-			e = xioctl(c->fd, TSHM_IOC_ATTACH, &a);
+			e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, &a, &fd);
 			if (expect(attach_granted_rdonly, e, 0, OK_RES) && !e) {
 				grant_sub(c, i, 1);
-				attach_got(&a, a.id, true, K_attach_granted_rdonly);
+				attach_got(&a, fd, a.id, true, K_attach_granted_rdonly);
 			}
 			return;
 		}
-		e = xioctl(c->fd, TSHM_IOC_ATTACH, &a);
+		e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, &a, &fd);
 		if (expect(attach_granted, e, 0, OK_RES) && !e) {
 			grant_sub(c, i, 1);
-			attach_got(&a, a.id, false, K_attach_granted);
+			attach_got(&a, fd, a.id, false, K_attach_granted);
 		}
 		return;
 	case 4: {
@@ -977,9 +1090,9 @@ static void op_attach(void)
 		if (!x || !x->shared || !id)
 			return;
 		a.id = id;
-		e = xioctl(x->fd, TSHM_IOC_ATTACH, &a);
+		e = xioctl_ret(x->fd, TSHM_IOC_ATTACH, &a, &fd);
 		if (expect(attach_shared, e, 0, ENOENT, OK_RES) && !e)
-			attach_got(&a, id, false, K_attach_shared);
+			attach_got(&a, fd, id, false, K_attach_shared);
 		return;
 	}
 	case 5:
@@ -988,7 +1101,7 @@ static void op_attach(void)
 		if (!c || !s || grant_find(c, s->id) >= 0)
 			return;
 		a.id = s->id;
-		e = xioctl(c->fd, TSHM_IOC_ATTACH, &a);
+		e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, &a, &fd);
 		expect(attach_nogrant_live, e, ENOENT);
 		return;
 	case 6:
@@ -997,14 +1110,14 @@ static void op_attach(void)
 		a.id = W.freed[rn(W.nfreed)];
 		if (grant_find(c, a.id) >= 0)
 			return;
-		e = xioctl(c->fd, TSHM_IOC_ATTACH, &a);
+		e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, &a, &fd);
 		expect(attach_freed, e, ENOENT);
 		return;
 	case 7:
 		if (!c)
 			return;
 		a.id = never_id();
-		e = xioctl(c->fd, TSHM_IOC_ATTACH, &a);
+		e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, &a, &fd);
 		expect(attach_never, e, ENOENT);
 		return;
 	case 8:
@@ -1012,23 +1125,45 @@ static void op_attach(void)
 			return;
 		a.id = c->n ? c->g[0].id : never_id();
 		a.flags = 1U << (2 + rn(30));
-		e = xioctl(c->fd, TSHM_IOC_ATTACH, &a);
+		e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, &a, &fd);
 		expect(attach_bad_flags, e, EINVAL);
 		return;
-	case 9:
-		if (!c)
+	case 9: {
+		/* Only a read-only grant: no writable holder from it. */
+		struct tshm_grant g = { .argsz = sizeof(g),
+					.flags = TSHM_GRANT_RDONLY, .count = 1 };
+		int total;
+
+		s = seg_pick();
+		if (!c || !s || grant_find(c, s->id) >= 0)
 			return;
-		a.id = c->n ? c->g[0].id : never_id();
-		a.count = rn(2) ? 1 + (int)rn(INT_MAX) : -1 - (int)rn(INT_MAX);
-		e = xioctl(c->fd, TSHM_IOC_ATTACH, &a);
-		expect(attach_count, e, EINVAL);
+		g.seg_fd = s->fd;
+		e = xioctl_ret(c->fd, TSHM_IOC_GRANT, &g, &total);
+		if (!expect(attach_count, e, 0, EOVERFLOW, OK_RES) || e)
+			return;
+		seg_share(s->id);
+		a.id = s->id;
+		e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, &a, &fd);
+		expect(attach_count, e, EACCES);
+		a.flags = TSHM_ATTACH_RDONLY;
+		e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, &a, &fd);
+		if (expect(attach_count, e, 0, OK_RES) && !e)
+			attach_got(&a, fd, s->id, true, K_attach_count);
+		else if (e) {
+			struct tshm_drop d = { .argsz = sizeof(d),
+				.flags = TSHM_DROP_RDONLY, .id = s->id,
+				.count = 1 };
+
+			xioctl(c->fd, TSHM_IOC_DROP, &d);
+		}
 		return;
+	}
 	case 10:
 		if (!c)
 			return;
 		a.id = c->n ? c->g[0].id : never_id();
 		a.__reserved[rn(2)] = 1ULL << rn(64);
-		e = xioctl(c->fd, TSHM_IOC_ATTACH, &a);
+		e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, &a, &fd);
 		expect(attach_reserved, e, EINVAL);
 		return;
 	case 11: {
@@ -1038,12 +1173,12 @@ static void op_attach(void)
 		switch (rn(3)) {
 		case 0:
 			a.argsz = rn(sizeof(a));
-			e = xioctl(c->fd, TSHM_IOC_ATTACH, &a);
+			e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, &a, &fd);
 			expect(attach_argsz, e, EINVAL);
 			break;
 		case 1:
 			a.argsz = PAGE + 1 + rn(UINT32_MAX - PAGE - 1);
-			e = xioctl(c->fd, TSHM_IOC_ATTACH, &a);
+			e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, &a, &fd);
 			expect(attach_argsz, e, E2BIG);
 			break;
 		default: {
@@ -1051,7 +1186,7 @@ static void op_attach(void)
 
 			a.argsz = sizeof(a) + 16;
 			memcpy(u, &a, sizeof(a));
-			e = xioctl(c->fd, TSHM_IOC_ATTACH, u);
+			e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, u, &fd);
 			expect(attach_argsz, e, ENOENT);
 		}
 		}
@@ -1062,13 +1197,13 @@ static void op_attach(void)
 		if (!c || !c->n)
 			return;
 		a.id = c->g[rn(c->n)].id;
-		e = xioctl(c->fd, TSHM_IOC_ATTACH, arg_ro(&a, sizeof(a)));
+		e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, arg_ro(&a, sizeof(a)), &fd);
 		expect(attach_ptr_rdonly, e, EFAULT);
 		return;
 	default:
 		s = seg_pick();
 		if (rn(2) && s) {
-			e = xioctl(s->fd, TSHM_IOC_ATTACH, &a);
+			e = xioctl_ret(s->fd, TSHM_IOC_ATTACH, &a, &fd);
 			expect(attach_on_seg, e, ENOTTY);
 			return;
 		}
@@ -1084,10 +1219,8 @@ static void op_attach(void)
 				a.argsz = sizeof(a);
 			a.flags &= rn(2) ? ~0U : TSHM_ATTACH_FLAGS;
 			if (rn(2))
-				a.count = 0;
-			if (rn(2))
 				a.id = c->n ? c->g[0].id : never_id();
-			e = xioctl(c->fd, TSHM_IOC_ATTACH, &a);
+			e = xioctl_ret(c->fd, TSHM_IOC_ATTACH, &a, &fd);
 			if (expect(attach_garbage, e, 0, EINVAL, E2BIG, ENOENT,
 				   OK_RES) && !e) {
 				i = grant_find(c, a.id);
@@ -1097,7 +1230,7 @@ static void op_attach(void)
 						  (uint64_t)a.id);
 				} else {
 					grant_sub(c, i, 1);
-					attach_got(&a, a.id, a.flags & TSHM_ATTACH_RDONLY,
+					attach_got(&a, fd, a.id, a.flags & TSHM_ATTACH_RDONLY,
 						   K_attach_garbage);
 				}
 			}
@@ -1108,7 +1241,7 @@ static void op_attach(void)
 
 static void op_drop(void)
 {
-	struct tshm_attach a = { .argsz = sizeof(a) };
+	struct tshm_drop a = { .argsz = sizeof(a) };
 	struct ctx *c = ctx_pick_private();
 	int e, i;
 
@@ -1135,9 +1268,9 @@ static void op_drop(void)
 			return;
 		i = rn(c->n);
 		a.id = c->g[i].id;
-		a.count = c->g[i].count >= INT_MAX ? INT_MAX :
-			  c->g[i].count + 1 + rn(INT_MAX - c->g[i].count);
-		if (a.count <= (int)c->g[i].count)
+		a.count = c->g[i].count >= UINT32_MAX ? UINT32_MAX :
+			  c->g[i].count + 1 + rn(UINT32_MAX - c->g[i].count);
+		if (a.count <= c->g[i].count)
 			return;
 		e = xioctl(c->fd, TSHM_IOC_DROP, &a);
 		expect(drop_too_many, e, EINVAL);
@@ -1153,19 +1286,25 @@ static void op_drop(void)
 		if (!c)
 			return;
 		a.id = c->n ? c->g[0].id : never_id();
-		a.count = rn(2) ? INT_MIN : -1 - (int)rn(INT_MAX);
-		e = xioctl(c->fd, TSHM_IOC_DROP, &a);
-		if (a.count == INT_MIN)
-			expect(drop_count_int_min, e, EINVAL);
-		else
+		/* No read-only grant of it here (ours are all writable). */
+		if (rn(2)) {
+			a.count = 1;
+			a.flags = TSHM_DROP_RDONLY;
+			e = xioctl(c->fd, TSHM_IOC_DROP, &a);
+			expect(drop_count_int_min, e, c->n ? EINVAL : ENOENT);
+		} else {
+			a.count = 1;
+			a.__pad = 1 + rn(UINT32_MAX);
+			e = xioctl(c->fd, TSHM_IOC_DROP, &a);
 			expect(drop_count_negative, e, EINVAL);
+		}
 		return;
 	case 6:
 		if (!c)
 			return;
 		a.id = c->n ? c->g[0].id : never_id();
 		a.count = 1;
-		a.flags = 1U << rn(32);
+		a.flags = 1U << (1 + rn(31));
 		e = xioctl(c->fd, TSHM_IOC_DROP, &a);
 		expect(drop_flags, e, EINVAL);
 		return;
@@ -1229,16 +1368,16 @@ static void op_info(void)
 		if (!expect(info_valid, e, 0))
 			return;
 		if (info.id != s->id || info.size != s->size ||
-		    !!(info.flags & TSHM_INFO_RDONLY) != s->rdonly ||
-		    (info.flags & ~TSHM_INFO_RDONLY) != s->flags ||
+		    info.flags != (s->rdonly ? TSHM_INFO_RDONLY : 0) ||
+		    info.create_flags != s->flags ||
 		    !info.holders || info.resident > info.size ||
 		    info.name[TSHM_NAME_LEN - 1] ||
-		    info.__reserved[0] || info.__reserved[3])
+		    info.__pad || info.__reserved[0] || info.__reserved[2])
 			violation(K_info_valid, "id %" PRIu64 "/%" PRIu64
 				  " size %" PRIu64 "/%" PRIu64 " flags %#x/%#x%s"
 				  " holders %u resident %" PRIu64,
 				  (uint64_t)info.id, s->id, (uint64_t)info.size,
-				  s->size, info.flags, s->flags,
+				  s->size, info.create_flags, s->flags,
 				  s->rdonly ? " ro" : "", info.holders,
 				  (uint64_t)info.resident);
 		else if (s->exclusive && seg_fds_of(s->id) == 1 &&
@@ -1297,7 +1436,7 @@ static void op_odd_ioctl(void)
 		/* Numbers the module does not define. */
 		do {
 			nr = rn(256);
-		} while (nr == 0 || nr == 1 || nr == 2 || nr == 0x10 || nr == 0x11);
+		} while (nr <= 3 || nr == 0x10);
 		fd = rn(2) && s ? s->fd : c ? c->fd : -1;
 		if (fd < 0)
 			return;
@@ -1340,7 +1479,8 @@ static void map_add(char *addr, size_t len, uint64_t off, struct seg *s,
 		return;
 	}
 	W.maps[W.nmaps++] = (struct map){ .addr = addr, .len = len, .off = off,
-		.segsize = s->size, .id = s->id, .writable = writable };
+		.segsize = s->size, .id = s->id, .writable = writable,
+		.rdonly = s->rdonly };
 }
 
 static struct map *map_pick(void)
@@ -1686,7 +1826,7 @@ static void op_close(void)
 
 static void op_open_ctx(void)
 {
-	int fd = open(TSHM_DEVICE_PATH, O_RDWR | O_CLOEXEC);
+	int fd = open("/dev/tshm", O_RDWR | O_CLOEXEC);
 
 	if (!expect(open_ctx, fd < 0 ? errno : 0, 0, OK_RES) || fd < 0)
 		return;
@@ -1765,7 +1905,7 @@ static void op_fd_misc(void)
 	case 0:
 		if (!s)
 			return;
-		/* No read/write/seek/truncate/chmod on a segment fd. */
+		/* No read/write/truncate/reopen; fallocate is shmem's. */
 		switch (rn(5)) {
 		case 0:
 			r = read(s->fd, buf, 16);
@@ -1780,12 +1920,21 @@ static void op_fd_misc(void)
 			expect(fd_ops_seg, e, EPERM, EINVAL);
 			return;
 		case 3:
-			e = fchmod(s->fd, 0777) ? errno : 0;
-			expect(fd_ops_seg, e, EPERM);
+			snprintf(path, sizeof(path), "/proc/self/fd/%d", s->fd);
+			fd = open(path, rn(2) ? O_RDONLY : O_RDWR);
+			e = fd < 0 ? errno : 0;
+			if (fd >= 0)
+				close(fd);
+			expect(fd_ops_seg, e, ENXIO);
 			return;
 		default:
-			e = fallocate(s->fd, 0, 0, PAGE) ? errno : 0;
-			expect(fd_ops_seg, e, EOPNOTSUPP, ENODEV, EBADF);
+			/* Allocate, or punch (reads then see zeroes). */
+			e = fallocate(s->fd, rn(2) ? 0 : FALLOC_FL_PUNCH_HOLE |
+				      FALLOC_FL_KEEP_SIZE, 0, PAGE) ? errno : 0;
+			if (s->rdonly)
+				expect(fd_ops_seg, e, EBADF);
+			else
+				expect(fd_ops_seg, e, 0, OK_RES);
 			return;
 		}
 	case 1:
@@ -1869,13 +2018,13 @@ static void op_scm_send(void)
 		break;
 	default: {
 		/* A 16-byte handle: grant on the shared context, send the id. */
-		struct tshm_grant g = { .argsz = sizeof(g), .ctx_fd = W.ctxs[0].fd,
-					.count = 1 };
+		struct tshm_grant g = { .argsz = sizeof(g), .count = 1 };
 
 		s = seg_pick();
 		if (!s || s->rdonly)
 			return;
-		e = xioctl(s->fd, TSHM_IOC_GRANT, &g);
+		g.seg_fd = s->fd;
+		e = xioctl(W.ctxs[0].fd, TSHM_IOC_GRANT, &g);
 		if (!expect(scm_send_id, e, 0, EOVERFLOW, OK_RES) || e)
 			return;
 		seg_share(s->id);
@@ -1930,11 +2079,12 @@ static void op_scm_recv(void)
 	}
 	if (m.type == MSG_ID) {
 		struct tshm_attach a = { .argsz = sizeof(a), .id = m.id };
+		int fd = -1;
 
 		/* Someone else on the shared context may have used it first. */
-		e = xioctl(W.ctxs[0].fd, TSHM_IOC_ATTACH, &a);
+		e = xioctl_ret(W.ctxs[0].fd, TSHM_IOC_ATTACH, &a, &fd);
 		if (expect(attach_handle, e, 0, ENOENT, OK_RES) && !e)
-			attach_got(&a, m.id, false, K_attach_handle);
+			attach_got(&a, fd, m.id, false, K_attach_handle);
 		return;
 	}
 	for (i = 0; i < n; i++) {
@@ -1948,8 +2098,7 @@ static void op_scm_recv(void)
 				close(fds[i]);
 				continue;
 			}
-			seg_add(fds[i], info.id, info.size,
-				info.flags & ~TSHM_INFO_RDONLY,
+			seg_add(fds[i], info.id, info.size, info.create_flags,
 				info.flags & TSHM_INFO_RDONLY, false);
 		}
 	}
@@ -2239,9 +2388,9 @@ int main(int argc, char **argv)
 	printf("TAP version 13\n1..5\n");
 	fflush(stdout);
 
-	ctx = open(TSHM_DEVICE_PATH, O_RDWR | O_CLOEXEC);
+	ctx = open("/dev/tshm", O_RDWR | O_CLOEXEC);
 	if (ctx < 0) {
-		printf("ok 1 fuzz # SKIP no %s: tshm.ko not loaded\n", TSHM_DEVICE_PATH);
+		printf("ok 1 fuzz # SKIP no %s: tshm.ko not loaded\n", "/dev/tshm");
 		for (i = 2; i <= 5; i++)
 			printf("ok %d fuzz # SKIP\n", i);
 		printf("# Totals: pass:0 fail:0 xfail:0 xpass:0 skip:5 error:0\n");

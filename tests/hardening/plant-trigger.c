@@ -4,12 +4,13 @@
  * tests/hardening/ break, each in the order lockdep needs to see both
  * sides of an inversion.  On a sound module it exits 0.
  *
- *   1. CREATE, mmap, close the fd, munmap: the holder's last reference
- *      goes in VMA close, so the segment is freed under mmap_lock
- *      (mmap_lock -> tshm_segs_lock), and the holder is freed first.
- *   2. CREATE again (its result is written back to user memory, which
- *      may fault: might_fault() tells lockdep about mmap_lock).
- *   3. GRANT, ATTACH, DROP, close: the grant paths.
+ *   1. CREATE, mmap, close the fd, munmap: the holder's file goes with
+ *      its last VMA and the segment is torn down (the planted UAF wakes
+ *      its pollers after freeing it).
+ *   2. CREATE again, GRANT, ATTACH (its size is written to user memory,
+ *      which may fault: might_fault() tells lockdep about mmap_lock),
+ *      DROP, GRANT by address (the planted inversion takes ctx->lock
+ *      under mmap_lock there), close: the grant paths.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -43,12 +44,13 @@ int main(void)
 {
 	struct tshm_attach a = { .argsz = sizeof(a) };
 	struct tshm_grant g = { .argsz = sizeof(g), .count = 2 };
+	struct tshm_drop d = { .argsz = sizeof(d), .count = 1 };
 	unsigned long long id;
 	int ctx, fd, afd;
 	char *p;
 
-	ctx = open(TSHM_DEVICE_PATH, O_RDWR | O_CLOEXEC);
-	check(ctx >= 0, "open " TSHM_DEVICE_PATH);
+	ctx = open("/dev/tshm", O_RDWR | O_CLOEXEC);
+	check(ctx >= 0, "open " "/dev/tshm");
 	if (ctx < 0)
 		return 1;
 
@@ -64,13 +66,24 @@ int main(void)
 
 	fd = create(ctx, &id);
 	check(fd >= 0, "create again");
-	g.ctx_fd = ctx;
-	check(!ioctl(fd, TSHM_IOC_GRANT, &g), "grant 2");
+	g.seg_fd = fd;
+	check(ioctl(ctx, TSHM_IOC_GRANT, &g) == 2, "grant 2");
 	a.id = id;
-	afd = ioctl(ctx, TSHM_IOC_ATTACH, &a) ? -1 : a.fd;
+	afd = ioctl(ctx, TSHM_IOC_ATTACH, &a);
 	check(afd >= 0, "attach");
-	a.count = 1;
-	check(!ioctl(ctx, TSHM_IOC_DROP, &a), "drop 1");
+	d.id = id;
+	check(!ioctl(ctx, TSHM_IOC_DROP, &d), "drop 1");
+	/* Pass it on by the address of a mapping, with no fd. */
+	p = mmap(NULL, 1 << 16, PROT_READ, MAP_SHARED, afd, 0);
+	check(p != MAP_FAILED, "mmap the attached segment");
+	g.flags = TSHM_GRANT_BY_ADDR;
+	g.seg_fd = -1;
+	g.count = 1;
+	g.addr = (unsigned long)p;
+	check(ioctl(ctx, TSHM_IOC_GRANT, &g) == 1, "grant by address");
+	check(!ioctl(ctx, TSHM_IOC_DROP, &d), "drop it");
+	if (p != MAP_FAILED)
+		munmap(p, 1 << 16);
 	check(!close(fd), "close the creator's fd");
 	check(!close(afd), "close the attached fd: freed");
 	check(!close(ctx), "close the context");

@@ -76,10 +76,10 @@ TEST(unload_refused_while_anything_lives)
 	munmap(p, 2 * TT_MIB);
 	ASSERT_EQ(0, unload());
 	EXPECT_NE(0, access("/proc/tshm", F_OK));
-	EXPECT_NE(0, access(TSHM_DEVICE_PATH, F_OK));
+	EXPECT_NE(0, access(TT_DEV, F_OK));
 
 	ASSERT_EQ(0, reload());
-	ASSERT_EQ(0, access(TSHM_DEVICE_PATH, R_OK | W_OK));
+	ASSERT_EQ(0, access(TT_DEV, R_OK | W_OK));
 	EXPECT_EQ(0, tt_proc_count());
 }
 

@@ -51,6 +51,7 @@ TEST_F(seg, create_map_info)
 	EXPECT_EQ(id, info.id);
 	EXPECT_EQ(4 * PG, info.size);
 	EXPECT_EQ(0, info.flags);
+	EXPECT_EQ(0, info.create_flags);
 	EXPECT_EQ(1, info.holders);
 	EXPECT_EQ(0, info.grants);
 	EXPECT_EQ(0, info.resident);
@@ -90,7 +91,8 @@ TEST_F(seg, create_prefault)
 	ASSERT_LE(0, fd);
 	ASSERT_EQ(0, tt_info(fd, &info));
 	EXPECT_EQ(8 * PG, info.resident);
-	EXPECT_EQ(TSHM_CREATE_PREFAULT, info.flags);
+	EXPECT_EQ(TSHM_CREATE_PREFAULT, info.create_flags);
+	EXPECT_EQ(0, info.flags);
 	close(fd);
 }
 
@@ -143,17 +145,27 @@ TEST_F(seg, wrong_file_ioctls)
 	ASSERT_LE(0, fd);
 	/* Segment ioctls on a context and the other way round. */
 	EXPECT_EQ(-ENOTTY, tt_info(self->ctx, &info));
-	EXPECT_EQ(-ENOTTY, tt_grant(self->ctx, self->ctx, 1, NULL));
+	EXPECT_EQ(-ENOTTY, tt_grant(fd, fd, 1, NULL));
 	EXPECT_EQ(-ENOTTY, tt_create(fd, PG, 0, NULL, NULL));
 	EXPECT_EQ(-ENOTTY, tt_attach(fd, 1, 0, NULL));
+	EXPECT_EQ(-ENOTTY, tt_drop(fd, 1, 1));
 	EXPECT_EQ(-ENOTTY, tt_ioctl(fd, _IO(TSHM_IOC_MAGIC, 0x7f), NULL));
 	EXPECT_EQ(-ENOTTY, tt_ioctl(self->ctx, _IO('T', 1), NULL));
-	/* Foreign fds where a context is expected. */
+	/* Foreign fds where a segment is expected. */
 	ASSERT_EQ(0, pipe(pfd));
-	EXPECT_EQ(-EINVAL, tt_grant(fd, pfd[0], 1, NULL));
-	EXPECT_EQ(-EINVAL, tt_grant(fd, fd, 1, NULL));
-	EXPECT_EQ(-EBADF, tt_grant(fd, -1, 1, NULL));
-	EXPECT_EQ(-EBADF, tt_grant(fd, 999999, 1, NULL));
+	EXPECT_EQ(-EINVAL, tt_grant(pfd[0], self->ctx, 1, NULL));
+	EXPECT_EQ(-EINVAL, tt_grant(self->ctx, self->ctx, 1, NULL));
+	EXPECT_EQ(-EBADF, tt_grant(-1, self->ctx, 1, NULL));
+	EXPECT_EQ(-EBADF, tt_grant(999999, self->ctx, 1, NULL));
+	/* Not a segment's mapping, nothing mapped at all. */
+	void *anon = mmap(NULL, PG, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS,
+			  -1, 0);
+
+	ASSERT_NE(MAP_FAILED, anon);
+	EXPECT_EQ(-EINVAL, tt_grant_addr(anon, self->ctx, 1, 0, NULL));
+	munmap(anon, PG);
+	EXPECT_EQ(-EFAULT, tt_grant_addr(anon, self->ctx, 1, 0, NULL));
+	EXPECT_EQ(-EFAULT, tt_grant_addr(NULL, self->ctx, 1, 0, NULL));
 	close(pfd[0]);
 	close(pfd[1]);
 	close(fd);
@@ -212,42 +224,87 @@ TEST_F(seg, grant_errors)
 	struct tshm_grant g;
 	uint64_t id = 0;
 	int fd, ro;
+	char *p;
 
 	TT_SETUP_SKIPPED();
 	fd = tt_create(self->ctx, PG, 0, "ge", &id);
 	ASSERT_LE(0, fd);
 	EXPECT_EQ(-EINVAL, tt_grant(fd, self->ctx, 0, NULL));
-	EXPECT_EQ(-EINVAL, tt_grant(fd, self->ctx, -1, NULL));
 	memset(&g, 0, sizeof(g));
 	g.argsz = sizeof(g);
-	g.ctx_fd = self->ctx;
+	g.seg_fd = fd;
 	g.count = 1;
-	g.flags = 1;
-	EXPECT_EQ(-EINVAL, tt_ioctl(fd, TSHM_IOC_GRANT, &g));
+	g.flags = 1U << 7;
+	EXPECT_EQ(-EINVAL, tt_ioctl(self->ctx, TSHM_IOC_GRANT, &g));
 	g.flags = 0;
 	g.__reserved[0] = 1;
-	EXPECT_EQ(-EINVAL, tt_ioctl(fd, TSHM_IOC_GRANT, &g));
+	EXPECT_EQ(-EINVAL, tt_ioctl(self->ctx, TSHM_IOC_GRANT, &g));
 	g.__reserved[0] = 0;
 	g.argsz = 8;
-	EXPECT_EQ(-EINVAL, tt_ioctl(fd, TSHM_IOC_GRANT, &g));
+	EXPECT_EQ(-EINVAL, tt_ioctl(self->ctx, TSHM_IOC_GRANT, &g));
+	g.argsz = sizeof(g);
+	/* An address without BY_ADDR, an fd with it. */
+	g.addr = 4096;
+	EXPECT_EQ(-EINVAL, tt_ioctl(self->ctx, TSHM_IOC_GRANT, &g));
+	g.addr = 0;
+	p = mmap(NULL, PG, PROT_READ, MAP_SHARED, fd, 0);
+	ASSERT_NE(MAP_FAILED, p);
+	g.flags = TSHM_GRANT_BY_ADDR;
+	g.addr = (uintptr_t)p;
+	EXPECT_EQ(-EINVAL, tt_ioctl(self->ctx, TSHM_IOC_GRANT, &g));
+	munmap(p, PG);
 
-	/* Grants that overflow. */
-	EXPECT_EQ(0, tt_grant(fd, self->ctx, INT_MAX, NULL));
+	/* Grants that overflow: the count is unsigned, its maximum checked. */
+	EXPECT_EQ(-EOVERFLOW, tt_grant(fd, self->ctx, TSHM_GRANTS_MAX + 1U,
+				       NULL));
+	EXPECT_EQ(-EOVERFLOW, tt_grant(fd, self->ctx, UINT32_MAX, NULL));
+	EXPECT_EQ(0, tt_grant(fd, self->ctx, TSHM_GRANTS_MAX, NULL));
 	EXPECT_EQ(-EOVERFLOW, tt_grant(fd, self->ctx, 1, NULL));
-	EXPECT_EQ(0, tt_drop(self->ctx, id, INT_MAX));
+	EXPECT_EQ(0, tt_drop(self->ctx, id, TSHM_GRANTS_MAX));
 
-	/* A read-only holder cannot hand out (writable) grants. */
+	/* A read-only holder hands out read-only grants only. */
 	EXPECT_EQ(0, tt_grant(fd, self->ctx, 1, NULL));
 	ro = tt_attach(self->ctx, id, TSHM_ATTACH_RDONLY, NULL);
 	ASSERT_LE(0, ro);
 	EXPECT_EQ(-EACCES, tt_grant(ro, self->ctx, 1, NULL));
+	EXPECT_EQ(0, tt_grant_flags(ro, self->ctx, 1, TSHM_GRANT_RDONLY,
+				    NULL));
+	EXPECT_EQ(0, tt_drop_flags(self->ctx, id, 1, TSHM_DROP_RDONLY));
 	close(ro);
+	close(fd);
+}
+
+/*
+ * Issue 16, finding 7: a GRANT that fails writes nothing, and a GRANT
+ * never writes its argument, so it cannot fail with EFAULT after the
+ * grants were made: it works from a read-only page.
+ */
+TEST_F(seg, grant_writes_no_user_memory)
+{
+	struct tshm_grant *g;
+	uint64_t id = 0;
+	int fd;
+
+	TT_SETUP_SKIPPED();
+	fd = tt_create(self->ctx, PG, 0, "g7", &id);
+	ASSERT_LE(0, fd);
+	g = mmap(NULL, PG, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	ASSERT_NE(MAP_FAILED, g);
+	g->argsz = sizeof(*g);
+	g->seg_fd = fd;
+	g->count = 2;
+	ASSERT_EQ(0, mprotect(g, PG, PROT_READ));
+	EXPECT_EQ(2, ioctl(self->ctx, TSHM_IOC_GRANT, g));
+	EXPECT_EQ(0, tt_drop(self->ctx, id, 2));
+	munmap(g, PG);
 	close(fd);
 }
 
 TEST_F(seg, attach_drop_errors)
 {
 	struct tshm_attach a;
+	struct tshm_drop d;
 	uint64_t id = 0;
 	int fd;
 
@@ -266,21 +323,76 @@ TEST_F(seg, attach_drop_errors)
 	a.flags = 1U << 9;
 	EXPECT_EQ(-EINVAL, tt_ioctl(self->ctx, TSHM_IOC_ATTACH, &a));
 	a.flags = 0;
-	a.count = 1;
-	EXPECT_EQ(-EINVAL, tt_ioctl(self->ctx, TSHM_IOC_ATTACH, &a));
-	a.count = 0;
 	a.__reserved[1] = 1;
 	EXPECT_EQ(-EINVAL, tt_ioctl(self->ctx, TSHM_IOC_ATTACH, &a));
 	a.__reserved[1] = 0;
 	EXPECT_EQ(-EFAULT, tt_ioctl(self->ctx, TSHM_IOC_ATTACH, (void *)16));
 
 	EXPECT_EQ(-EINVAL, tt_drop(self->ctx, id, 0));
-	EXPECT_EQ(-EINVAL, tt_drop(self->ctx, id, -5));
-	a.flags = TSHM_ATTACH_RDONLY;
-	a.count = 1;
-	EXPECT_EQ(-EINVAL, tt_ioctl(self->ctx, TSHM_IOC_DROP, &a));
+	memset(&d, 0, sizeof(d));
+	d.argsz = sizeof(d);
+	d.id = id;
+	d.count = 1;
+	d.flags = 1U << 5;
+	EXPECT_EQ(-EINVAL, tt_ioctl(self->ctx, TSHM_IOC_DROP, &d));
+	d.flags = 0;
+	d.__pad = 1;
+	EXPECT_EQ(-EINVAL, tt_ioctl(self->ctx, TSHM_IOC_DROP, &d));
+	/* Only a writable grant is held: none of the read-only kind. */
+	EXPECT_EQ(-EINVAL, tt_drop_flags(self->ctx, id, 1, TSHM_DROP_RDONLY));
 	/* The failed calls consumed nothing. */
 	EXPECT_EQ(0, tt_drop(self->ctx, id, 1));
+	close(fd);
+}
+
+/* Read-only grants: chosen by the producer, attach read-only only. */
+TEST_F(seg, read_only_grants)
+{
+	struct tshm_info info;
+	uint64_t id = 0;
+	int fd, ro, rw;
+	char *p;
+
+	TT_SETUP_SKIPPED();
+	fd = tt_create(self->ctx, PG, 0, "rog", &id);
+	ASSERT_LE(0, fd);
+	ASSERT_EQ(0, tt_grant_flags(fd, self->ctx, 1, TSHM_GRANT_RDONLY,
+				    NULL));
+	/* Not as a writable holder, and that failure consumed nothing. */
+	EXPECT_EQ(-EACCES, tt_attach(self->ctx, id, 0, NULL));
+	EXPECT_EQ(-EINVAL, tt_drop(self->ctx, id, 1));
+	ro = tt_attach(self->ctx, id, TSHM_ATTACH_RDONLY, NULL);
+	ASSERT_LE(0, ro);
+	EXPECT_EQ(O_RDONLY, fcntl(ro, F_GETFL) & O_ACCMODE);
+	ASSERT_EQ(0, tt_info(ro, &info));
+	EXPECT_EQ(TSHM_INFO_RDONLY, info.flags);
+	EXPECT_EQ(MAP_FAILED, mmap(NULL, PG, PROT_READ | PROT_WRITE,
+				   MAP_SHARED, ro, 0));
+	EXPECT_EQ(EACCES, errno);
+	p = mmap(NULL, PG, PROT_READ, MAP_SHARED, ro, 0);
+	ASSERT_NE(MAP_FAILED, p);
+	EXPECT_EQ(-1, mprotect(p, PG, PROT_READ | PROT_WRITE));
+	EXPECT_EQ(EACCES, errno);
+	/* Nor by punching, nor by reopening through /proc. */
+	EXPECT_EQ(-1, fallocate(ro, 3, 0, PG));
+	EXPECT_EQ(EBADF, errno);
+	/* Passed on by its mapping: read-only again. */
+	close(ro);
+	EXPECT_EQ(-EACCES, tt_grant_addr(p, self->ctx, 1, 0, NULL));
+	EXPECT_EQ(0, tt_grant_addr(p, self->ctx, 1, TSHM_GRANT_RDONLY, NULL));
+	munmap(p, PG);
+	/* A writable grant may still be attached read-only. */
+	ASSERT_EQ(0, tt_grant(fd, self->ctx, 1, NULL));
+	rw = tt_attach(self->ctx, id, 0, NULL);
+	ASSERT_LE(0, rw);
+	EXPECT_EQ(O_RDWR, fcntl(rw, F_GETFL) & O_ACCMODE);
+	close(rw);
+	ASSERT_EQ(0, tt_grant(fd, self->ctx, 1, NULL));
+	ASSERT_EQ(0, tt_drop_flags(self->ctx, id, 1, TSHM_DROP_RDONLY));
+	ro = tt_attach(self->ctx, id, TSHM_ATTACH_RDONLY, NULL);
+	ASSERT_LE(0, ro);
+	EXPECT_EQ(-ENOENT, tt_attach(self->ctx, id, 0, NULL));
+	close(ro);
 	close(fd);
 }
 
@@ -310,15 +422,14 @@ TEST_F(seg, mmap_rules)
 	ASSERT_NE(MAP_FAILED, p);
 	munmap(p, PG);
 
-	/* The size is fixed: no truncate, no fallocate, no chmod. */
+	/* The size is fixed (sealed): no truncate, no growing fallocate. */
 	EXPECT_EQ(-1, ftruncate(fd, 8 * PG));
 	EXPECT_EQ(EPERM, errno);
 	EXPECT_EQ(-1, ftruncate(fd, 0));
 	EXPECT_EQ(EPERM, errno);
 	EXPECT_EQ(-1, fallocate(fd, 0, 0, 8 * PG));
-	EXPECT_EQ(EOPNOTSUPP, errno);
-	EXPECT_EQ(-1, fchmod(fd, 0666));
 	EXPECT_EQ(EPERM, errno);
+	EXPECT_EQ(0, fallocate(fd, 0, 0, 4 * PG));
 	char c, path[64];
 
 	EXPECT_EQ(-1, read(fd, &c, 1));
@@ -344,7 +455,7 @@ TEST_F(seg, mmap_rules)
 	struct tshm_info info;
 
 	ASSERT_EQ(0, tt_info(ro, &info));
-	EXPECT_EQ(TSHM_INFO_RDONLY, info.flags & TSHM_INFO_RDONLY);
+	EXPECT_EQ(TSHM_INFO_RDONLY, info.flags);
 	munmap(p, PG);
 	close(ro);
 	close(fd);
@@ -428,7 +539,7 @@ TEST_F(seg, fdinfo_and_maps)
 	close(f);
 	ASSERT_LT(0, n);
 	buf[n] = 0;
-	snprintf(want, sizeof(want), "tshm-grant:\t%" PRIu64 " 2 4096 1 fdinfo\\040name\n", id);
+	snprintf(want, sizeof(want), "tshm-grant:\t%" PRIu64 " 2 0 4096 1 fdinfo\\040name\n", id);
 	EXPECT_NE(NULL, strstr(buf, want)) TH_LOG("%s", buf);
 
 	/* The fd's link and the mapping's path both name the segment. */
@@ -465,7 +576,7 @@ TEST_F(seg, huge_rounding)
 	ASSERT_LE(0, fd);
 	ASSERT_EQ(0, tt_info(fd, &info));
 	EXPECT_EQ(2 * TT_MIB, info.size);
-	EXPECT_EQ(TSHM_CREATE_HUGE, info.flags);
+	EXPECT_EQ(TSHM_CREATE_HUGE, info.create_flags);
 	close(fd);
 }
 

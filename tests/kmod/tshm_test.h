@@ -20,14 +20,15 @@
 #include <unistd.h>
 #include <linux/tshm.h>
 
+#define TT_DEV		"/dev/tshm"
 #define TT_MIB		(1024UL * 1024)
 #define TT_NOBODY	65534
 
 #define TT_NEED_MODULE()						\
 	do {								\
-		if (access(TSHM_DEVICE_PATH, R_OK | W_OK))		\
+		if (access(TT_DEV, R_OK | W_OK))		\
 			SKIP(return, "no %s: tshm.ko not loaded",	\
-			     TSHM_DEVICE_PATH);				\
+			     TT_DEV);				\
 	} while (0)
 
 /*
@@ -42,7 +43,7 @@
 
 static inline int tt_open(void)
 {
-	int fd = open(TSHM_DEVICE_PATH, O_RDWR | O_CLOEXEC);
+	int fd = open(TT_DEV, O_RDWR | O_CLOEXEC);
 
 	return fd < 0 ? -errno : fd;
 }
@@ -68,37 +69,70 @@ static inline int tt_create(int ctx, uint64_t size, uint32_t flags,
 	return c.fd;
 }
 
+/* ATTACH: the new fd, or -errno. */
 static inline int tt_attach(int ctx, uint64_t id, uint32_t flags,
 			    uint64_t *size)
 {
 	struct tshm_attach a = { .argsz = sizeof(a), .flags = flags, .id = id };
-	int err;
+	int fd = ioctl(ctx, TSHM_IOC_ATTACH, &a);
 
-	err = tt_ioctl(ctx, TSHM_IOC_ATTACH, &a);
-	if (err)
-		return err;
+	if (fd < 0)
+		return -errno;
 	if (size)
 		*size = a.size;
-	return a.fd;
+	return fd;
 }
 
-static inline int tt_drop(int ctx, uint64_t id, int count)
+static inline int tt_drop_flags(int ctx, uint64_t id, unsigned int count,
+				uint32_t flags)
 {
-	struct tshm_attach a = { .argsz = sizeof(a), .id = id, .count = count };
+	struct tshm_drop d = { .argsz = sizeof(d), .flags = flags, .id = id,
+			       .count = count };
 
-	return tt_ioctl(ctx, TSHM_IOC_DROP, &a);
+	return tt_ioctl(ctx, TSHM_IOC_DROP, &d);
 }
 
-static inline int tt_grant(int seg, int ctx, int count, uint64_t *total)
+static inline int tt_drop(int ctx, uint64_t id, unsigned int count)
 {
-	struct tshm_grant g = { .argsz = sizeof(g), .ctx_fd = ctx,
-				.count = count };
-	int err;
+	return tt_drop_flags(ctx, id, count, 0);
+}
 
-	err = tt_ioctl(seg, TSHM_IOC_GRANT, &g);
-	if (!err && total)
-		*total = g.grants;
-	return err;
+/* GRANT of segment fd @seg to @ctx; 0 or -errno, *total the new total. */
+static inline int tt_grant_flags(int seg, int ctx, unsigned int count,
+				 uint32_t flags, uint64_t *total)
+{
+	struct tshm_grant g = { .argsz = sizeof(g), .flags = flags,
+				.seg_fd = seg, .count = count };
+	int ret = ioctl(ctx, TSHM_IOC_GRANT, &g);
+
+	if (ret < 0)
+		return -errno;
+	if (total)
+		*total = ret;
+	return 0;
+}
+
+static inline int tt_grant(int seg, int ctx, unsigned int count,
+			   uint64_t *total)
+{
+	return tt_grant_flags(seg, ctx, count, 0, total);
+}
+
+/* GRANT of the segment the caller maps at @addr, with no fd. */
+static inline int tt_grant_addr(const void *addr, int ctx, unsigned int count,
+				uint32_t flags, uint64_t *total)
+{
+	struct tshm_grant g = { .argsz = sizeof(g),
+				.flags = flags | TSHM_GRANT_BY_ADDR,
+				.seg_fd = -1, .count = count,
+				.addr = (uintptr_t)addr };
+	int ret = ioctl(ctx, TSHM_IOC_GRANT, &g);
+
+	if (ret < 0)
+		return -errno;
+	if (total)
+		*total = ret;
+	return 0;
 }
 
 static inline int tt_info(int seg, struct tshm_info *info)

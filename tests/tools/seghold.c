@@ -68,9 +68,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: seghold fd|pair|map NAME SIZE [NAME SIZE...]\n");
 		return 2;
 	}
-	ctx = open(TSHM_DEVICE_PATH, O_RDWR | O_CLOEXEC);
+	ctx = open("/dev/tshm", O_RDWR | O_CLOEXEC);
 	if (ctx < 0)
-		die(TSHM_DEVICE_PATH);
+		die("/dev/tshm");
 	if (!strcmp(argv[1], "fd")) {
 		for (i = 2; i + 1 < argc; i += 2, n++) {
 			uint64_t size = strtoull(argv[i + 1], NULL, 0);
@@ -83,8 +83,8 @@ int main(int argc, char **argv)
 		struct tshm_grant g = { .argsz = sizeof(g), .count = 1 };
 
 		fd = create(ctx, argv[2], size, &ids[n++]);
-		g.ctx_fd = ctx;
-		if (ioctl(fd, TSHM_IOC_GRANT, &g))
+		g.seg_fd = fd;
+		if (ioctl(ctx, TSHM_IOC_GRANT, &g) < 0)
 			die("TSHM_IOC_GRANT");
 		if (pipe(p))
 			die("pipe");
@@ -93,13 +93,15 @@ int main(int argc, char **argv)
 			die("fork");
 		if (!child) {
 			struct tshm_attach a = { .argsz = sizeof(a), .id = ids[0] };
+			int afd;
 
 			prctl(PR_SET_PDEATHSIG, SIGKILL);
 			close(fd);
-			if (ioctl(ctx, TSHM_IOC_ATTACH, &a))
+			afd = ioctl(ctx, TSHM_IOC_ATTACH, &a);
+			if (afd < 0)
 				die("TSHM_IOC_ATTACH");
-			map(a.fd, size);
-			close(a.fd);
+			map(afd, size);
+			close(afd);
 			close(ctx);
 			close(p[0]);
 			if (write(p[1], "x", 1) != 1)

@@ -2,9 +2,10 @@
 /*
  * tshmctl: who holds each segment, found the way lsof does.
  *
- *   /proc/PID/fd/N      -> "anon_inode:tshm:<id>:<name>"  a segment fd
+ *   /proc/PID/fd/N      -> "/tshm:<id>:<name> (deleted)"  a segment fd
  *                       -> "/dev/tshm"                    a context;
- *   /proc/PID/fdinfo/N     its "tshm-grant: <id> <count> ..." lines
+ *   /proc/PID/fdinfo/N     its "tshm-grant: <id> <writable> <read-only>
+ *                          ..." lines
  *   /proc/PID/maps         "... /tshm:<id>:<name> (deleted)"  a mapping
  *
  * Processes we may not inspect (another user's, without root) are counted
@@ -23,7 +24,7 @@
 
 #include "tshmctl.h"
 
-#define FD_PREFIX	"anon_inode:tshm:"
+#define FD_PREFIX	"/tshm:"
 #define MAP_PREFIX	"/tshm:"
 
 struct idx {
@@ -104,7 +105,7 @@ static void ctx_grants(int pid, int fd, struct idx *ix, size_t n, uint32_t uid,
 		       const char *comm)
 {
 	char path[64], line[256];
-	uint64_t id, count;
+	uint64_t id, count, ro;
 	struct holder *h;
 	struct seg *s;
 	FILE *fp;
@@ -114,9 +115,10 @@ static void ctx_grants(int pid, int fd, struct idx *ix, size_t n, uint32_t uid,
 	if (!fp)
 		return;
 	while (fgets(line, sizeof(line), fp)) {
-		if (sscanf(line, "tshm-grant: %" SCNu64 " %" SCNu64, &id,
-			   &count) != 2)
+		if (sscanf(line, "tshm-grant: %" SCNu64 " %" SCNu64 " %" SCNu64,
+			   &id, &count, &ro) != 3)
 			continue;
+		count += ro;
 		s = find_seg(ix, n, id);
 		h = s ? holder_of(s, pid, uid, comm) : NULL;
 		if (h) {

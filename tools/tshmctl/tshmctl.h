@@ -15,6 +15,7 @@
 #define TSHMCTL_VERSION	"0.1"	/* tools.mk passes kmod/dkms.conf's */
 #endif
 #define TSHM_MODNAME	"tshm"
+#define TSHM_DEVICE_PATH "/dev/" TSHM_MODNAME	/* the misc device */
 
 /* Exit codes; documented in tshmctl(8). */
 enum {
