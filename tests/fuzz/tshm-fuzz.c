@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
@@ -48,6 +49,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -123,7 +125,8 @@
 	X(fd_ops_seg) X(fdinfo) X(proc_tshm)				\
 	X(fork_child) X(kill_child) X(self_kill)			\
 	X(scm_send_seg) X(scm_send_ctx) X(scm_send_id) X(scm_recv)	\
-	X(attach_handle)
+	X(attach_handle) X(remap_file_pages) X(mprotect_merge)		\
+	X(vmsplice) X(mbind) X(mlock) X(madv_collapse) X(unprivileged)
 
 #define X_ENUM(k) K_##k,
 enum kind { KINDS(X_ENUM) NKINDS };
@@ -1505,6 +1508,18 @@ static size_t map_len_for(struct seg *s, uint64_t *off)
 	return (1 + rn(max)) * PAGE;
 }
 
+/* A map of segment @id that mremap() grew past the segment's end. */
+static bool grown_past_end(uint64_t id)
+{
+	int i;
+
+	for (i = 0; i < W.nmaps; i++)
+		if (W.maps[i].id == id &&
+		    W.maps[i].off + W.maps[i].len > W.maps[i].segsize)
+			return true;
+	return false;
+}
+
 static void op_mmap(void)
 {
 	struct seg *s = seg_pick();
@@ -1549,7 +1564,15 @@ static void op_mmap(void)
 		}
 		p = mmap(NULL, len, PROT_READ, MAP_SHARED, s->fd, off);
 		e = p == MAP_FAILED ? errno : 0;
-		expect(mmap_past_end, e, EINVAL);
+		/*
+		 * The core merges a new mapping into an adjacent VMA of the
+		 * same file without calling ->mmap: next to a map this
+		 * process grew past the end with mremap(), it may succeed.
+		 */
+		if (grown_past_end(s->id))
+			expect(mmap_past_end, e, EINVAL, 0);
+		else
+			expect(mmap_past_end, e, EINVAL);
 		if (!e)
 			munmap(p, len);
 		return;
@@ -1745,6 +1768,105 @@ static void op_mprotect(void)
 			mprotect(m->addr, m->len, PROT_READ);
 	} else if (prot & PROT_WRITE) {
 		m->writable = false;
+	}
+}
+
+/* The part of a map that lies within its segment, in bytes. */
+static uint64_t map_inside(const struct map *m)
+{
+	uint64_t in = m->segsize > m->off ? m->segsize - m->off : 0;
+
+	return in > m->len ? m->len : in;
+}
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE		25
+#endif
+
+/*
+ * What the core mm does to a segment's VMAs by itself: remap_file_pages
+ * (same offsets, so the model's contents stay), mprotect splits that
+ * merge back, vmsplice (pages pinned in a pipe), mbind, mlock,
+ * MADV_PAGEOUT and MADV_COLLAPSE.  None may break holder accounting:
+ * the end-of-run checks see to that.
+ */
+static void op_mm_more(void)
+{
+	struct map *m = map_pick();
+	uint64_t in, pages, first, n;
+	struct iovec iov;
+	int e, pfd[2];
+	ssize_t r;
+
+	if (!m)
+		return;
+	in = map_inside(m);
+	pages = in / PAGE;
+	if (!pages)
+		return;
+	first = rn(pages);
+	n = 1 + rn(pages - first);
+	switch (rn(7)) {
+	case 0:
+		e = remap_file_pages(m->addr + first * PAGE, n * PAGE, 0,
+				     m->off / PAGE + first, 0) ? errno : 0;
+		/*
+		 * Read-only holders map without VM_SHARED: refused; so is a
+		 * range over VMAs whose flags differ (MADV_HUGEPAGE on part).
+		 */
+		if (m->rdonly)
+			expect(remap_file_pages, e, EINVAL);
+		else
+			expect(remap_file_pages, e, 0, EINVAL, OK_RES);
+		return;
+	case 1:
+		/* Split the map in three, then make it one again. */
+		e = mprotect(m->addr + first * PAGE, n * PAGE, PROT_READ) ?
+			errno : 0;
+		if (expect(mprotect_merge, e, 0) && !e) {
+			e = mprotect(m->addr + first * PAGE, n * PAGE,
+				     m->writable ? PROT_READ | PROT_WRITE :
+						   PROT_READ) ? errno : 0;
+			expect(mprotect_merge, e, 0);
+		}
+		return;
+	case 2:
+		if (pipe2(pfd, O_CLOEXEC | O_NONBLOCK))
+			return;
+		iov.iov_base = m->addr + first * PAGE;
+		iov.iov_len = (n > 8 ? 8 : n) * PAGE;
+		r = vmsplice(pfd[1], &iov, 1, 0);
+		expect(vmsplice, r < 0 ? errno : 0, 0, EAGAIN, OK_RES);
+		/* Sometimes the pipe outlives a fork or two: closed anyway. */
+		close(pfd[0]);
+		close(pfd[1]);
+		return;
+	case 3: {
+		unsigned long node = 1;
+
+		e = syscall(__NR_mbind, m->addr + first * PAGE, n * PAGE,
+			    rn(2) ? 0 /* MPOL_DEFAULT */ : 2 /* MPOL_BIND */,
+			    rn(2) ? &node : NULL, 8 * sizeof(node), 0) ?
+			errno : 0;
+		expect(mbind, e, 0, EINVAL, ENOSYS, EPERM, OK_RES);
+		return;
+	}
+	case 4:
+		e = mlock(m->addr + first * PAGE, n * PAGE) ? errno : 0;
+		expect(mlock, e, 0, EPERM, EAGAIN, OK_RES);
+		munlock(m->addr + first * PAGE, n * PAGE);
+		return;
+	case 5:
+		e = madvise(m->addr + first * PAGE, n * PAGE, MADV_PAGEOUT) ?
+			errno : 0;
+		expect(madvise, e, 0, EINVAL, OK_RES);
+		return;
+	default:
+		e = madvise(m->addr + first * PAGE, n * PAGE, MADV_COLLAPSE) ?
+			errno : 0;
+		expect(madv_collapse, e, 0, EINVAL, EAGAIN, EBUSY, EPERM,
+		       OK_RES);
+		return;
 	}
 }
 
@@ -2201,6 +2323,8 @@ static void one_op(void)
 		op_mprotect();
 	else if (r < 720)
 		op_msync();
+	else if (r < 750)
+		op_mm_more();
 	else if (r < 800)
 		op_touch();
 	else if (r < 860)
@@ -2265,6 +2389,18 @@ static void worker_main(int slot, unsigned int gen, int shared_ctx,
 	close(shared_ctx);
 	/* One incarnation in three dies by its own hand somewhere. */
 	W.kill_at = rn(3) ? 0 : 50 + rn(5000);
+	/*
+	 * Half the incarnations of odd workers run as nobody: the per-user
+	 * limits, RLIMIT_MEMLOCK and /proc/tshm's filter then apply.
+	 */
+	if (slot % 2 && rn(2) && !geteuid()) {
+		if (setgroups(0, NULL) || setresgid(65534, 65534, 65534) ||
+		    setresuid(65534, 65534, 65534))
+			_exit(3);
+		/* A change of credentials clears the parent-death signal. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		hit(K_unprivileged);
+	}
 	run_ops(0);
 	reap_kids(false);
 	_exit(0);
