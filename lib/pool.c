@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "tshm-private.h"
@@ -46,6 +47,8 @@ struct tshm_pool {
 	unsigned count;
 	struct tshm_seg **bufs;
 	bool *out;
+	bool *used;			/* handed out before: punch if @punch */
+	bool punch;			/* TSHM_POOL_PUNCH */
 	/* count * POOL_PFD_PER_BUF + 1 entries each */
 	struct pollfd *pfd;		/* the sleeper's, under @wait_lock */
 	struct pollfd *scan;		/* pool_take()'s, under @lock */
@@ -124,11 +127,14 @@ int tshm_pool_create(struct tshm_ctx *ctx, unsigned count, size_t size,
 	npfd = (size_t)count * POOL_PFD_PER_BUF + 1;
 	pool->bufs = calloc(count, sizeof(*pool->bufs));
 	pool->out = calloc(count, sizeof(*pool->out));
+	pool->used = calloc(count, sizeof(*pool->used));
+	pool->punch = seg_flags & TSHM_POOL_PUNCH;
+	seg_flags &= ~TSHM_POOL_PUNCH;
 	pool->pfd = calloc(npfd, sizeof(*pool->pfd));
 	pool->scan = calloc(npfd, sizeof(*pool->scan));
 	pool->scan_buf = calloc(npfd, sizeof(*pool->scan_buf));
 	pool->notifier = pool_notifier_new();
-	if (!pool->bufs || !pool->out || !pool->pfd || !pool->scan ||
+	if (!pool->bufs || !pool->out || !pool->used || !pool->pfd || !pool->scan ||
 	    !pool->scan_buf || !pool->notifier) {
 		ret = -ENOMEM;
 		goto fail;
@@ -158,6 +164,7 @@ fail:
 	free(pool->scan);
 	free(pool->pfd);
 	free(pool->out);
+	free(pool->used);
 	free(pool->bufs);
 	free(pool);
 	return ret;
@@ -204,6 +211,16 @@ static unsigned pool_pollfds(struct tshm_pool *pool, struct pollfd *pfd,
 static void pool_hand_out(struct tshm_pool *pool, unsigned i,
 			  struct tshm_seg **out)
 {
+	struct tshm_seg *seg = pool->bufs[i];
+
+	/*
+	 * Pages a former holder still pins stop being this buffer's:
+	 * MADV_REMOVE punches the segment through our writable shared
+	 * mapping (no fd needed), and cannot fail on it.
+	 */
+	if (pool->punch && pool->used[i])
+		(void)madvise(seg->data, seg->size, MADV_REMOVE);
+	pool->used[i] = true;
 	pool->out[i] = true;
 	*out = tshm_seg_ref(pool->bufs[i]);
 }
@@ -341,6 +358,7 @@ void tshm_pool_destroy(struct tshm_pool *pool)
 	free(pool->scan);
 	free(pool->pfd);
 	free(pool->out);
+	free(pool->used);
 	free(pool->bufs);
 	free(pool);
 }

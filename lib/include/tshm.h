@@ -292,6 +292,16 @@ int tshm_queue_recv_fd(struct tshm_ctx *ctx, int sock, struct tshm_queue **out);
 int tshm_pool_create(struct tshm_ctx *ctx, unsigned count, size_t size,
 		     const char *name, unsigned seg_flags,
 		     struct tshm_pool **out);
+/*
+ * tshm_pool_create() flag, given with the segment flags: punch a buffer
+ * (MADV_REMOVE) each time it comes back, before it is handed out
+ * again.  "Released" means no process holds the segment, not that no page
+ * of it is pinned: a receiver that vmspliced a page into a pipe, or had
+ * O_DIRECT in flight, would otherwise see what the producer writes next.
+ * Costs one system call per reuse and a zeroed page (fault) per page
+ * touched afterwards (Documentation/design/lifetimes.rst).
+ */
+#define TSHM_POOL_PUNCH		(1U << 16)
 int tshm_pool_get(struct tshm_pool *pool, int timeout_ms,
 		  struct tshm_seg **out);
 /* Buffers ready to be handed out now (polls without blocking). */

@@ -7,7 +7,9 @@
  * once the producer punches them out.  Regression tests for issue 16.
  */
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -373,6 +375,109 @@ TEST_F(vma, mapped_without_fds_regranted_by_address)
 	close(keep);
 	close(ready[0]);
 	close(ready[1]);
+}
+
+struct stall {
+	int ctx, efd, ret;
+	uint64_t id;
+	void *arg;
+};
+
+static void *attach_thread(void *p)
+{
+	struct stall *st = p;
+
+	st->ret = ioctl(st->ctx, TSHM_IOC_ATTACH, st->arg);
+	return NULL;
+}
+
+static void *drop_thread(void *p)
+{
+	struct stall *st = p;
+	uint64_t one = 1;
+
+	st->ret = tt_drop(st->ctx, st->id, 1);
+	(void)!write(st->efd, &one, sizeof(one));
+	return NULL;
+}
+
+/*
+ * Issue 16, finding 6: a fault on ATTACH's argument stalls only the
+ * caller.  The argument lies in a page write-protected by userfaultfd, so
+ * ATTACH sleeps writing the size back; meanwhile a DROP on the same
+ * context from another thread must complete.
+ */
+TEST_F(vma, attach_fault_stalls_only_its_caller)
+{
+	struct uffdio_api api = { .api = UFFD_API,
+				  .features = UFFD_FEATURE_PAGEFAULT_FLAG_WP };
+	struct uffdio_register reg = { 0 };
+	struct uffdio_writeprotect wp = { 0 };
+	struct stall at = { 0 }, dr = { 0 };
+	const long pg = self->pg;
+	struct tshm_attach *a;
+	struct uffd_msg msg;
+	struct pollfd pfd;
+	pthread_t ta, td;
+	uint64_t id = 0;
+	int fd, uffd;
+
+	TT_SETUP_SKIPPED();
+	uffd = syscall(__NR_userfaultfd, O_CLOEXEC);
+	if (uffd < 0)
+		SKIP(return, "no userfaultfd: %s", strerror(errno));
+	if (ioctl(uffd, UFFDIO_API, &api) ||
+	    !(api.features & UFFD_FEATURE_PAGEFAULT_FLAG_WP))
+		SKIP(return, "no userfaultfd write-protect");
+	fd = tt_create(self->ctx, pg, 0, "stall", &id);
+	ASSERT_LE(0, fd);
+	ASSERT_EQ(0, tt_grant(fd, self->ctx, 2, NULL));
+
+	a = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		 -1, 0);
+	ASSERT_NE(MAP_FAILED, a);
+	memset(a, 0, sizeof(*a));
+	a->argsz = sizeof(*a);
+	a->id = id;
+	reg.range.start = (uintptr_t)a;
+	reg.range.len = pg;
+	reg.mode = UFFDIO_REGISTER_MODE_WP;
+	ASSERT_EQ(0, ioctl(uffd, UFFDIO_REGISTER, &reg));
+	wp.range = reg.range;
+	wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
+	ASSERT_EQ(0, ioctl(uffd, UFFDIO_WRITEPROTECT, &wp));
+
+	at.ctx = dr.ctx = self->ctx;
+	at.arg = a;
+	dr.id = id;
+	dr.efd = eventfd(0, EFD_CLOEXEC);
+	ASSERT_LE(0, dr.efd);
+	ASSERT_EQ(0, pthread_create(&ta, NULL, attach_thread, &at));
+	/* ATTACH is now asleep in the kernel, writing to the page. */
+	pfd.fd = uffd;
+	pfd.events = POLLIN;
+	ASSERT_EQ(1, poll(&pfd, 1, 10000));
+	ASSERT_EQ(sizeof(msg), read(uffd, &msg, sizeof(msg)));
+	EXPECT_EQ(UFFD_EVENT_PAGEFAULT, msg.event);
+
+	ASSERT_EQ(0, pthread_create(&td, NULL, drop_thread, &dr));
+	pfd.fd = dr.efd;
+	EXPECT_EQ(1, poll(&pfd, 1, 10000)) TH_LOG("DROP waited for ATTACH");
+
+	/* Let ATTACH go, then both are done. */
+	wp.mode = 0;
+	ASSERT_EQ(0, ioctl(uffd, UFFDIO_WRITEPROTECT, &wp));
+	pthread_join(ta, NULL);
+	pthread_join(td, NULL);
+	EXPECT_LT(0, at.ret);
+	EXPECT_EQ(0, dr.ret);
+	EXPECT_EQ(pg, a->size);
+	if (at.ret > 0)
+		close(at.ret);
+	close(dr.efd);
+	close(uffd);
+	munmap(a, pg);
+	close(fd);
 }
 
 TEST_HARNESS_MAIN

@@ -7,11 +7,13 @@
  * its release checks and eventfd rings, to count them.
  */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 
 #include "tshm-test.h"
 
@@ -221,6 +223,48 @@ TEST_F(pool, destroy_races_unref)
 	ASSERT_EQ(0, fstat(efd, &st));
 	EXPECT_EQ(0, st.st_size);
 	close(efd);
+}
+
+/*
+ * Issue 16, finding 9: a buffer whose page a receiver vmspliced into a
+ * pipe comes back; without TSHM_POOL_PUNCH the pipe sees what the
+ * producer writes next, with it the pipe keeps the old bytes and the
+ * producer starts from zeroes.
+ */
+static void punch_case(struct __test_metadata *_metadata,
+		       struct tshm_ctx *ctx, bool punch)
+{
+	struct tshm_pool *pool;
+	struct tshm_seg *a, *b;
+	char got[16] = "";
+	struct iovec iov;
+	int p[2];
+
+	ASSERT_EQ(0, tshm_pool_create(ctx, 1, 4096, "punch",
+				      punch ? TSHM_POOL_PUNCH : 0, &pool));
+	ASSERT_EQ(0, tshm_pool_get(pool, 0, &a));
+	strcpy(tshm_seg_data(a), "first owner");
+	ASSERT_EQ(0, pipe(p));
+	iov.iov_base = tshm_seg_data(a);
+	iov.iov_len = 4096;
+	ASSERT_EQ(4096, vmsplice(p[1], &iov, 1, 0));
+	tshm_seg_unref(a);
+	ASSERT_EQ(0, tshm_pool_get(pool, 1000, &b));
+	ASSERT_EQ(a, b);
+	EXPECT_EQ(punch ? 0 : 'f', *(char *)tshm_seg_data(b));
+	strcpy(tshm_seg_data(b), "second owner");
+	ASSERT_EQ(sizeof(got), read(p[0], got, sizeof(got)));
+	EXPECT_STREQ(punch ? "first owner" : "second owner", got);
+	close(p[0]);
+	close(p[1]);
+	tshm_seg_unref(b);
+	tshm_pool_destroy(pool);
+}
+
+TEST_F(pool, punch_on_reuse_cuts_pinned_pages)
+{
+	punch_case(_metadata, self->ctx, false);
+	punch_case(_metadata, self->ctx, true);
 }
 
 TSHM_TEST_MAIN(NULL)
