@@ -91,7 +91,20 @@ static void report(const char *what, double *lat, int n)
 	fflush(stdout);
 }
 
-TEST(munmap_with_proc_reader_at_100k_segments)
+FIXTURE(scale) {
+	int unused;
+};
+
+FIXTURE_SETUP(scale)
+{
+}
+
+FIXTURE_TEARDOWN(scale)
+{
+}
+
+/* Minutes under emulation; the debug kernel runs fewer (check). */
+TEST_F_TIMEOUT(scale, munmap_with_proc_reader_at_100k_segments, 900)
 {
 	const char *env = getenv("TSHM_SCALE_SEGS");
 	long nsegs = env ? atol(env) : 100000;
