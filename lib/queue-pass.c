@@ -160,7 +160,7 @@ int q_grant_segs(struct tshm_queue *q, struct qslot *slot,
 					  memory_order_relaxed))
 			atomic_store(&segs[i]->spare_touched, true);
 		took[i] = q_spare_take(q, segs[i]->id);
-		ret = took[i] ? 0 : kmod_grant(segs[i]->fd, q->gfd, 1);
+		ret = took[i] ? 0 : seg_grant(segs[i], q->gfd, 1);
 		if (ret < 0) {
 			while (i--) {
 				if (took[i])

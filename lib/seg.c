@@ -188,6 +188,16 @@ int seg_adopt(struct tshm_ctx *ctx, int fd, uint64_t id, size_t size,
 	ret = seg_new(ctx, fd, id, size, &seg);
 	if (ret == 0) {
 		memcpy(seg->name, name, sizeof(seg->name));
+		/*
+		 * Module: the mapping is the holder (it keeps the file the
+		 * fd was open on), so a received segment needs no fd: a
+		 * process may hold thousands under RLIMIT_NOFILE.  It is
+		 * passed on by the mapping's address (GRANT_BY_ADDR).
+		 */
+		if (ctx->backend == TSHM_BACKEND_KMOD) {
+			close(seg->fd);
+			seg->fd = -1;
+		}
 		seg_cache_insert_locked(ctx, seg);
 	}
 	pthread_mutex_unlock(&ctx->lock);
@@ -198,6 +208,13 @@ int seg_adopt(struct tshm_ctx *ctx, int fd, uint64_t id, size_t size,
 	*hit = false;
 	*out = seg;
 	return 0;
+}
+
+int seg_grant(struct tshm_seg *seg, int ctx_fd, int count)
+{
+	if (seg->fd >= 0)
+		return kmod_grant(seg->fd, ctx_fd, count);
+	return kmod_grant_addr(seg->data, ctx_fd, count);
 }
 
 static void seg_flush_drops_locked(struct tshm_seg *seg)
@@ -380,6 +397,8 @@ int seg_released_now(struct tshm_seg *seg)
 
 	if (seg->ctx->backend == TSHM_BACKEND_MEMFD)
 		return seg->creator ? seg_lease_check(seg, true) : -EOPNOTSUPP;
+	if (seg->fd < 0)
+		return -EOPNOTSUPP;	/* received: held by its mapping */
 	seg_flush_drops(seg);
 	/*
 	 * Spare grants parked in queues look like holders: give back those
@@ -397,7 +416,7 @@ int seg_release_pollfds(struct tshm_seg *seg, struct pollfd *pfd, unsigned n)
 	unsigned i;
 
 	if (seg->ctx->backend == TSHM_BACKEND_KMOD) {
-		if (n < 1)
+		if (n < 1 || seg->fd < 0)
 			return 0;
 		pfd[0].fd = seg->fd;
 		pfd[0].events = POLLIN;
@@ -420,7 +439,7 @@ int tshm_seg_release_pollfds(struct tshm_seg *seg, struct pollfd *pfd,
 
 	if (!seg || !pfd || !n)
 		return -EINVAL;
-	if (seg->ctx->backend == TSHM_BACKEND_MEMFD && !seg->creator)
+	if (!seg->creator)
 		return -EOPNOTSUPP;
 	ret = seg_released_now(seg);
 	if (ret)
@@ -442,7 +461,7 @@ int tshm_seg_wait_released(struct tshm_seg *seg, int timeout_ms)
 
 	if (!seg)
 		return -EINVAL;
-	if (seg->ctx->backend == TSHM_BACKEND_MEMFD && !seg->creator)
+	if (!seg->creator)
 		return -EOPNOTSUPP;
 	deadline_init(&dl, timeout_ms);
 	for (;;) {
@@ -506,7 +525,8 @@ static void seg_destroy(struct tshm_seg *seg)
 	seg_flush_drops_locked(seg);
 	pthread_mutex_unlock(&ctx->lock);
 	munmap(seg->data, seg->size);
-	close(seg->fd);
+	if (seg->fd >= 0)
+		close(seg->fd);
 	lease_put(seg->lease);
 	for (i = 0; i < seg->nlease_ends; i++)
 		close(seg->lease_ends[i]);
@@ -556,7 +576,7 @@ int tshm_seg_export(struct tshm_seg *seg, struct tshm_handle *h)
 		return -EINVAL;
 	if (seg->ctx->backend != TSHM_BACKEND_KMOD)
 		return -EOPNOTSUPP;
-	ret = kmod_grant(seg->fd, seg->ctx->fd, 1);
+	ret = seg_grant(seg, seg->ctx->fd, 1);
 	if (ret < 0)
 		return ret;
 	h->id = seg->id;
@@ -627,7 +647,7 @@ int tshm_seg_send_fd(struct tshm_seg *seg, int sock)
 		fds[0] = kmod_open();
 		if (fds[0] < 0)
 			return fds[0];
-		ret = kmod_grant(seg->fd, fds[0], 1);
+		ret = seg_grant(seg, fds[0], 1);
 		w.gen = seg->id;
 		if (ret == 0)
 			ret = fd_send(sock, &w, sizeof(w), fds, 1, 0);

@@ -107,7 +107,7 @@ struct tshm_seg {
 	uint64_t gen;			/* ctx_gen() when this process made it */
 	void *data;
 	size_t size;
-	int fd;
+	int fd;				/* -1: module, received (mapping) */
 	bool creator;
 	char name[TSHM_SEG_NAME_MAX + 1];
 
@@ -159,6 +159,8 @@ void seg_cache_insert_locked(struct tshm_ctx *ctx, struct tshm_seg *seg);
  */
 int seg_adopt(struct tshm_ctx *ctx, int fd, uint64_t id, size_t size,
 	      struct tshm_seg **out, bool *hit);
+/* Module: grant @seg to @ctx_fd, by its fd or, received, by its mapping. */
+int seg_grant(struct tshm_seg *seg, int ctx_fd, int count);
 /* Record a grant not consumed because the segment was cached. */
 void seg_note_unconsumed_grant(struct tshm_seg *seg, struct tshm_queue *q);
 void seg_flush_drops(struct tshm_seg *seg);

@@ -128,10 +128,12 @@ void tshm_seg_unref(struct tshm_seg *seg);
 /*
  * Wait until this process is the segment's only holder: every process it
  * was sent to has released it (unref, exit or death), and no copy is in
- * flight in a queue.  Module: poll() on the segment fd.  Fallback: only in
- * the process that created the segment (-EOPNOTSUPP elsewhere), through the
- * segment's lease socket, whose peer travels with the memfd and hangs up
- * when the last receiver lets go.  Returns 0, -ETIMEDOUT or -EAGAIN.
+ * flight in a queue.  Only in the process that created the segment
+ * (-EOPNOTSUPP elsewhere).  Module: poll() on the segment fd (receivers
+ * hold a segment by its mapping alone, with no fd, so that a process can
+ * hold thousands under RLIMIT_NOFILE).  Fallback: through the segment's
+ * lease socket, whose peer travels with the memfd and hangs up when the
+ * last receiver lets go.  Returns 0, -ETIMEDOUT or -EAGAIN.
  */
 int tshm_seg_wait_released(struct tshm_seg *seg, int timeout_ms);
 

@@ -40,6 +40,15 @@ static int64_t mono_ms(void)
 	return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* The checksum of 4096 bytes of fill_pattern(@seed). */
+static uint64_t fill_sum(uint32_t seed)
+{
+	static unsigned char page[4096];
+
+	fill_pattern(page, sizeof(page), seed);
+	return fnv1a(page, sizeof(page));
+}
+
 FIXTURE(q) {
 	struct tshm_ctx *ctx;
 	struct tshm_queue *q;
@@ -1028,6 +1037,103 @@ TEST_F(q, pollable_fd)
 	EXPECT_EQ(1, poll(&pfd, 1, 5000));	/* closed */
 	EXPECT_EQ(-EPIPE, tshm_queue_recv(self->q, buf, sizeof(buf), &len,
 					  NULL, NULL, 0));
+}
+
+#define KEEP_SEGS	2000
+#define KEEP_RESEND	100
+#define KEEP_NOFILE	128
+
+static int keeper(struct tshm_queue *in, struct tshm_queue *back)
+{
+	static struct tshm_seg *held[KEEP_SEGS];
+	struct rlimit lim;
+	uint32_t id;
+	unsigned n;
+	size_t len;
+	int i, ret;
+
+	if (getrlimit(RLIMIT_NOFILE, &lim))
+		return 10;
+	lim.rlim_cur = KEEP_NOFILE;
+	if (setrlimit(RLIMIT_NOFILE, &lim))
+		return 11;
+	for (i = 0; i < KEEP_SEGS; i++) {
+		n = 1;
+		ret = tshm_queue_recv(in, &id, sizeof(id), &len, &held[i], &n,
+				      10000);
+		if (ret) {
+			fprintf(stderr, "# keeper: receive %d: %s\n", i + 1,
+				tshm_strerror(ret));
+			return 12;
+		}
+		if (id != (uint32_t)i ||
+		    fnv1a(tshm_seg_data(held[i]), 4096) != fill_sum(id))
+			return 13;
+	}
+	/* Re-send some, held by their mappings only. */
+	for (i = 0; i < KEEP_RESEND; i++) {
+		id = i * (KEEP_SEGS / KEEP_RESEND);
+		if (tshm_queue_send(back, &id, sizeof(id), &held[id], 1,
+				    10000))
+			return 14;
+	}
+	if (tshm_seg_wait_released(held[0], 0) != -EOPNOTSUPP)
+		return 15;
+	for (i = 0; i < KEEP_SEGS; i++)
+		tshm_seg_unref(held[i]);
+	return 0;
+}
+
+/*
+ * Module: a receiver keeps 2000 received segments under RLIMIT_NOFILE
+ * 128 (the mapping is the holder; it kept one fd each and stopped at
+ * about 120 with -EMFILE), re-sends some of them by their mappings, and
+ * the producer's release wait sees the mapping-only holder.
+ */
+TEST_F_TIMEOUT(q, keep_2000_received_segments, 600)
+{
+	struct tshm_queue *in, *back;
+	struct tshm_seg *seg, *first = NULL, *got[1];
+	uint32_t id;
+	unsigned n;
+	size_t len;
+	pid_t pid;
+	int i;
+
+	if (!is_kmod(self->ctx))
+		SKIP(return, "the fallback passes an fd per segment");
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, 64, sizeof(id), &in));
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, KEEP_RESEND, sizeof(id),
+				       &back));
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0)
+		_exit(keeper(in, back));
+	for (i = 0; i < KEEP_SEGS; i++) {
+		ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "keep", 0, &seg));
+		fill_pattern(tshm_seg_data(seg), 4096, i);
+		id = i;
+		ASSERT_EQ(0, tshm_queue_send(in, &id, sizeof(id), &seg, 1,
+					     10000));
+		if (i == 0)
+			first = seg;	/* watch its release */
+		else
+			tshm_seg_unref(seg);
+	}
+	for (i = 0; i < KEEP_RESEND; i++) {
+		n = 1;
+		ASSERT_EQ(0, tshm_queue_recv(back, &id, sizeof(id), &len, got,
+					     &n, 20000));
+		ASSERT_EQ(1, n);
+		EXPECT_EQ(fill_sum(id), fnv1a(tshm_seg_data(got[0]), 4096));
+		tshm_seg_unref(got[0]);
+	}
+	EXPECT_EQ(0, wait_ok(pid));
+	EXPECT_EQ(0, tshm_seg_wait_released(first, 10000));
+	tshm_seg_unref(first);
+	tshm_queue_unref(back);
+	tshm_queue_unref(in);
+	EXPECT_EQ(0, count_proc_tshm());
 }
 
 TSHM_TEST_MAIN(child_main)
