@@ -259,8 +259,8 @@ static PyObject *segment_wait_released(TshmSegment *self, PyObject *args,
 		Py_RETURN_FALSE;
 	if (ret < 0)
 		return pytshm_raise(ret, ret == -EOPNOTSUPP ?
-			"on the memfd backend only the creating process can "
-			"wait for a segment's release" : NULL);
+			"only the process that created a segment can wait "
+			"for its release" : NULL);
 	Py_RETURN_TRUE;
 }
 
