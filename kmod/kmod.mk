@@ -20,7 +20,7 @@ define kmod_build
 	@mkdir -p $(2)
 	$(Q)for f in $(KMOD_SRCS) kmod/include; do \
 		ln -sfn $(CURDIR)/$$f $(2)/$$(basename $$f); done
-	$(Q)+$(MAKE) -C $(1) M=$(CURDIR)/$(2) W=1 KCFLAGS=-Werror \
+	$(Q)+$(MAKE) -C $(1) M=$(abspath $(2)) W=1 KCFLAGS=-Werror \
 		$(if $(C),C=$(C)) modules > $(2)/build.log 2>&1 || \
 		{ cat $(2)/build.log; exit 1; }
 	$(Q)if grep -E ': (warning|error):' $(2)/build.log; then exit 1; fi

@@ -18,45 +18,45 @@ export B
 . tests/common/ktap.sh
 eval "$(scripts/setup-deps --print-env)"
 ver=$(sed -n 's/^PACKAGE_VERSION="\(.*\)"/\1/p' kmod/dkms.conf)
-d=$B/dkms
-rm -rf "$d"
-mkdir -p "$d/stage" "$d/tree" "$d/install"
+dkdir=$B/dkms
+rm -rf "$dkdir"
+mkdir -p "$dkdir/stage" "$dkdir/tree" "$dkdir/install"
 dk() {
-	dkms --dkmstree "$d/tree" --sourcetree "$d/stage/usr/src" \
-		--installtree "$d/install" "$@"
+	dkms --dkmstree "$dkdir/tree" --sourcetree "$dkdir/stage/usr/src" \
+		--installtree "$dkdir/install" "$@"
 }
 nk=$(wc -w <<<"$TSHM_KERNELS")
 ktap_plan $((2 + 3 * nk))
 
 # 1. make install stages the DKMS source tree (and everything else).
-if MAKEFLAGS= make -s --no-print-directory B="$B" install DESTDIR="$d/stage" \
-	PREFIX=/usr > "$d/install.log" 2>&1 &&
-   [ -r "$d/stage/usr/src/tshm-$ver/dkms.conf" ]; then
+if MAKEFLAGS= make -s --no-print-directory B="$B" install DESTDIR="$dkdir/stage" \
+	PREFIX=/usr > "$dkdir/install.log" 2>&1 &&
+   [ -r "$dkdir/stage/usr/src/tshm-$ver/dkms.conf" ]; then
 	ktap_ok "make install DESTDIR stages /usr/src/tshm-$ver"
 else
-	ktap_fail "make install DESTDIR" "$(tail -n 20 "$d/install.log")"
+	ktap_fail "make install DESTDIR" "$(tail -n 20 "$dkdir/install.log")"
 fi
 
 # 2. dkms add.
-if dk add -m tshm -v "$ver" > "$d/add.log" 2>&1; then
+if dk add -m tshm -v "$ver" > "$dkdir/add.log" 2>&1; then
 	ktap_ok "dkms add tshm/$ver"
 else
-	ktap_fail "dkms add tshm/$ver" "$(tail -n 20 "$d/add.log")"
+	ktap_fail "dkms add tshm/$ver" "$(tail -n 20 "$dkdir/add.log")"
 fi
 
 for k in $TSHM_KERNELS; do
 	var=$(tr .- __ <<<"$k")
 	eval "krel=\$KREL_$var kheaders=\$KHEADERS_$var"
-	log=$d/build-$k.log
+	log=$dkdir/build-$k.log
 	# dkms installs only "onto an existing kernel": its modules folder.
-	mkdir -p "$d/install/$krel"
+	mkdir -p "$dkdir/install/$krel"
 	# 3. dkms build and install against this kernel's headers, no warning.
 	if dk build -m tshm -v "$ver" -k "$krel" --kernelsourcedir "$kheaders" \
 		> "$log" 2>&1 &&
 	   dk install --no-depmod -m tshm -v "$ver" -k "$krel" \
 		--kernelsourcedir "$kheaders" \
 		>> "$log" 2>&1 &&
-	   ! grep -E ': (warning|error):' "$d/tree/tshm/$ver/$krel"/*/log/make.log \
+	   ! grep -E ': (warning|error):' "$dkdir/tree/tshm/$ver/$krel"/*/log/make.log \
 		>> "$log"; then
 		ktap_ok "$k: dkms build and install for $krel"
 	else
@@ -64,27 +64,27 @@ for k in $TSHM_KERNELS; do
 	fi
 
 	# 4. dkms status says so.
-	dk status > "$d/status" 2>&1
+	dk status > "$dkdir/status" 2>&1
 	# (grep -F: the release has a '+'.)
 	ktap_check "$k: dkms status: tshm/$ver, $krel, installed" eval \
-		'grep -F "tshm/$ver, $krel, " "$d/status" | grep -q ": installed$"'
+		'grep -F "tshm/$ver, $krel, " "$dkdir/status" | grep -q ": installed$"'
 
 	# 5. The module dkms built loads in that kernel and passes seg_test.
-	ko=$(ls "$d/install/$krel/updates/dkms/"tshm.ko* 2>/dev/null | head -n1)
+	ko=$(ls "$dkdir/install/$krel/updates/dkms/"tshm.ko* 2>/dev/null | head -n1)
 	if [ -z "$ko" ]; then
 		ktap_fail "$k: seg_test with the dkms module" "no module installed"
 		continue
 	fi
 	scripts/vm-run --kernel "$k" --module "$ko" -- \
 		sh -c 'grep "^tshm " /proc/modules && "$0"' \
-		"$B/tests/kmod/seg_test" > "$d/vm-$k.log" 2>&1
+		"$B/tests/kmod/seg_test" > "$dkdir/vm-$k.log" 2>&1
 	rc=$?
-	if [ "$rc" = 0 ] && grep -q '^# Totals: pass:[1-9][0-9]* fail:0' "$d/vm-$k.log"; then
+	if [ "$rc" = 0 ] && grep -q '^# Totals: pass:[1-9][0-9]* fail:0' "$dkdir/vm-$k.log"; then
 		ktap_ok "$k: $(basename "$ko") from dkms loads, seg_test passes"
 	else
-		ktap_fail "$k: seg_test with the dkms module" "rc=$rc: $(tail -n 20 "$d/vm-$k.log")"
+		ktap_fail "$k: seg_test with the dkms module" "rc=$rc: $(tail -n 20 "$dkdir/vm-$k.log")"
 	fi
 done
 echo "# dkms status:"
-sed 's/^/# /' "$d/status"
+sed 's/^/# /' "$dkdir/status"
 ktap_done
