@@ -13,5 +13,6 @@ include tests/vm/vm-tests.mk
 -include tests/cuda/cuda-tests.mk
 -include tests/fuzz/fuzz.mk
 -include tests/python/python-tests.mk
+-include tests/faultinject/fi-tests.mk
 
 ALL += $(TESTS_VM) $(TESTS_BOTH)
