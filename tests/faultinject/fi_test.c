@@ -709,6 +709,39 @@ TEST_F_TIMEOUT(faults, proc_read, FI_TIMEOUT)
 	fi_seg_del(_metadata, &s);
 }
 
+/* GRANT by the address of a mapping, the fd closed (issue 16's ABI). */
+TEST_F_TIMEOUT(faults, grant_by_addr, FI_TIMEOUT)
+{
+	struct fi_seg s;
+	void *p;
+
+	fi_seg_new(_metadata, &s);
+	p = mmap(NULL, SEGSZ, PROT_READ | PROT_WRITE, MAP_SHARED, s.seg, 0);
+	ASSERT_NE(MAP_FAILED, p);
+	FI_BEGIN("GRANT by address") {
+		struct fi_state before;
+		long ret;
+
+		fi_state(&before, s.seg);
+		fi_arm(&op, n);
+		ret = tt_grant_addr(p, s.ctx, 1, TSHM_GRANT_RDONLY, NULL);
+		if (!fi_fired(&op)) {
+			ASSERT_EQ(0, ret);
+			ASSERT_EQ(0, tt_drop_flags(s.ctx, s.id, 1, TSHM_DROP_RDONLY));
+			break;
+		}
+		fi_count(_metadata, &op, n, ret, fi_ioctl_errnos);
+		if (ret >= 0) {
+			ASSERT_EQ(0, tt_drop_flags(s.ctx, s.id, 1, TSHM_DROP_RDONLY));
+		} else {
+			FI_SAME_STATE(before, s.seg);
+		}
+	}
+	FI_END();
+	ASSERT_EQ(0, munmap(p, SEGSZ));
+	fi_seg_del(_metadata, &s);
+}
+
 /*
  * Last: nothing is left, the module unloads, and loading it runs through
  * its init error paths (each ends with the module not loaded and nothing
