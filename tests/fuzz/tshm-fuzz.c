@@ -1520,6 +1520,29 @@ static bool grown_past_end(uint64_t id)
 	return false;
 }
 
+/*
+ * Whether [p, p + len) at file offset @off continues one of our maps of
+ * segment @id with contiguous offsets, on either side: the core then
+ * expands that VMA instead of making a new one, and ->mmap is not asked.
+ */
+static bool continues_a_map(uint64_t id, const char *p, size_t len,
+			    uint64_t off)
+{
+	int i;
+
+	for (i = 0; i < W.nmaps; i++) {
+		const struct map *m = &W.maps[i];
+
+		if (m->id != id)
+			continue;
+		if (m->addr + m->len == p && m->off + m->len == off)
+			return true;
+		if (p + len == m->addr && off + len == m->off)
+			return true;
+	}
+	return false;
+}
+
 static void op_mmap(void)
 {
 	struct seg *s = seg_pick();
@@ -1566,10 +1589,13 @@ static void op_mmap(void)
 		e = p == MAP_FAILED ? errno : 0;
 		/*
 		 * The core merges a new mapping into an adjacent VMA of the
-		 * same file without calling ->mmap: next to a map this
-		 * process grew past the end with mremap(), it may succeed.
+		 * same file with contiguous offsets without calling ->mmap:
+		 * right after a map that ends at the end of the segment, or
+		 * next to one this process grew past the end with mremap(),
+		 * it may succeed (touching past the end is then SIGBUS).
 		 */
-		if (grown_past_end(s->id))
+		if (grown_past_end(s->id) ||
+		    (!e && continues_a_map(s->id, p, len, off)))
 			expect(mmap_past_end, e, EINVAL, 0);
 		else
 			expect(mmap_past_end, e, EINVAL);

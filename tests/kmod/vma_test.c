@@ -135,6 +135,55 @@ TEST_F(vma, merge_after_remap_leaks_nothing)
 	close(pipefd[0]);
 }
 
+/*
+ * ->mmap refuses a mapping past the end of the segment, but the core
+ * expands an adjacent VMA of the same file with contiguous offsets and
+ * the same flags without asking ->mmap (both kernels).  Whichever the
+ * kernel does, the page past the end is never the segment's: touching it
+ * is SIGBUS, as past the end of any file, and nothing leaks.
+ */
+TEST_F(vma, past_end_merge_is_sigbus)
+{
+	const long pg = self->pg;
+	uint64_t id = 0;
+	char *r, *p, *q;
+	int fd, st;
+	pid_t pid;
+
+	TT_SETUP_SKIPPED();
+	fd = tt_create(self->ctx, 4 * pg, 0, "pastend", &id);
+	ASSERT_LE(0, fd);
+	r = mmap(NULL, 2 * pg, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	ASSERT_NE(MAP_FAILED, r);
+	/* The segment's last page, then the page after it right above. */
+	p = mmap(r, pg, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 3 * pg);
+	ASSERT_EQ(r, p);
+	q = mmap(r + pg, pg, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 4 * pg);
+	if (q == MAP_FAILED) {
+		EXPECT_EQ(EINVAL, errno);
+		TH_LOG("not merged: -EINVAL from ->mmap");
+		munmap(r + pg, pg);
+	} else {
+		ASSERT_EQ(r + pg, q);
+		TH_LOG("merged into the VMA before it without ->mmap");
+		pid = fork();
+		ASSERT_LE(0, pid);
+		if (!pid) {
+			*(volatile char *)p;
+			*(volatile char *)q;
+			_exit(0);
+		}
+		ASSERT_EQ(pid, waitpid(pid, &st, 0));
+		ASSERT_TRUE(WIFSIGNALED(st));
+		EXPECT_EQ(SIGBUS, WTERMSIG(st));
+		EXPECT_EQ(0, munmap(q, pg));
+	}
+	close(fd);
+	EXPECT_EQ(1, tt_proc_has(id));
+	EXPECT_EQ(0, munmap(p, pg));
+	EXPECT_EQ(0, tt_proc_has(id));
+}
+
 /* Merge, split, mremap and fork of one holder's VMAs: one holder. */
 TEST_F(vma, merge_split_mremap_fork)
 {
