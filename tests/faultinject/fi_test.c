@@ -24,6 +24,7 @@
  * TSHM_FI_MAX_N bounds N per operation (default 3000).
  */
 #include <dirent.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 
 #include "kselftest_harness.h"
@@ -80,6 +81,7 @@ struct fi_op {
 	int fail_nth;		/* /proc/thread-self/fail-nth */
 	int kmsg;		/* /dev/kmsg, read after each injection */
 	unsigned int points, absorbed, enomem, efault, enospc, other;
+	unsigned int injections;	/* seen in the kernel log */
 	unsigned int nsites;
 	char *sites[MAX_SITES];
 };
@@ -175,6 +177,7 @@ static void fi_collect_sites(struct fi_op *op)
 			continue;
 		msg++;
 		if (strstr(msg, "FAULT_INJECTION: forcing a failure")) {
+			op->injections++;
 			depth = 0;
 			site[0] = 0;
 			continue;
@@ -639,53 +642,134 @@ TEST_F_TIMEOUT(faults, munmap_split, FI_TIMEOUT)
 	fi_seg_del(_metadata, &s);
 }
 
-/* fork() copies a tshm mapping: the VMA gets a second user. */
+/* What the expendable runner of fi_fork_run() tells the test. */
+struct fi_fork_report {
+	long ret;		/* fork(): the child's pid, or -errno */
+	int fired;		/* the armed failure was injected */
+};
+
+/*
+ * The runner: arm fail-nth on itself, fork, disarm, report through the
+ * pipe, then wait for the grandchild (which checks the mapping) and exit
+ * with its status.  A failure that fork() did not consume can still fire
+ * in the runner's own copy-on-write faults after fork() returns (its stack
+ * is shared copy-on-write with the grandchild): the runner may die of it,
+ * before or after reporting.  That is why it is not the test process.
+ */
+static void __attribute__((noreturn))
+fi_fork_runner(int wfd, const char *p, unsigned int n)
+{
+	struct fi_fork_report rep = { 0 };
+	char buf[16];
+	int fnth, len, status;
+	pid_t pid;
+
+	fnth = open("/proc/thread-self/fail-nth", O_RDWR | O_CLOEXEC);
+	if (fnth < 0)
+		_exit(3);
+	len = snprintf(buf, sizeof(buf), "%u", n);
+	if (pwrite(fnth, buf, len, 0) != len)
+		_exit(3);
+	pid = fork();
+	if (pid == 0)
+		_exit(p[0] == 7 ? 0 : 1);
+	rep.ret = pid < 0 ? -errno : pid;
+	memset(buf, 0, sizeof(buf));
+	if (pread(fnth, buf, sizeof(buf) - 1, 0) > 0 && strtoul(buf, NULL, 10) == 0)
+		rep.fired = 1;
+	(void)!pwrite(fnth, "0", 1, 0);
+	if (write(wfd, &rep, sizeof(rep)) != sizeof(rep))
+		_exit(3);
+	if (pid < 0)
+		_exit(0);
+	if (waitpid(pid, &status, 0) != pid)
+		_exit(3);
+	_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 4);
+}
+
+/*
+ * fork() copies a tshm mapping: the VMA gets a second user.  The armed
+ * fork is made by an expendable child of the test (fi_fork_runner()), so a
+ * failure point left armed after fork() can kill only that child.  The test
+ * is a child subreaper: a grandchild orphaned by the runner's death comes
+ * back to it and is reaped before the state is compared.  A runner that
+ * died is counted (a failure point was hit, in fork() or after it); what
+ * must hold either way is the kernel's side: the same segments, holders and
+ * grants as before, no report (vm-run), and at the end /proc/tshm empty,
+ * Shmem at its baseline and the module unloading (zz_unload_and_load).
+ */
 TEST_F_TIMEOUT(faults, fork_mapping, FI_TIMEOUT)
 {
+	unsigned int died = 0, died_before_report = 0;
 	struct fi_seg s;
 	char *p;
 
-	/*
-	 * Flaky, outside the module: in one of two make check runs the test
-	 * process itself died of SIGSEGV, with no kernel report.  A fail-nth
-	 * that fork() did not consume stays armed and can fire in the
-	 * parent's own copy-on-write faults after fork() returns, outside the
-	 * operation under test.  Until the fork is made in an expendable
-	 * process, it runs only when asked: TSHM_FI_FORK=1.
-	 */
-	if (!getenv("TSHM_FI_FORK"))
-		SKIP(return, "flaky outside the module (see the source); TSHM_FI_FORK=1 runs it");
+	FI_NEED();
+	ASSERT_EQ(0, prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0));
 	fi_seg_new(_metadata, &s);
 	p = mmap(NULL, SEGSZ, PROT_READ | PROT_WRITE, MAP_SHARED, s.seg, 0);
 	ASSERT_NE(MAP_FAILED, p);
 	p[0] = 7;
 	FI_BEGIN("fork with a mapping") {
+		struct fi_fork_report rep;
 		struct fi_state before;
-		int status;
-		long ret;
-		pid_t pid;
+		unsigned int seen;
+		int pfd[2], status;
+		pid_t runner;
+		ssize_t got;
 
 		fi_state(&before, s.seg);
-		fi_arm(&op, n);
-		pid = fork();
-		if (pid == 0)
-			_exit(p[0] == 7 ? 0 : 1);
-		ret = pid < 0 ? -errno : 0;
-		if (!fi_fired(&op)) {
-			ASSERT_LT(0, pid);
-			ASSERT_EQ(pid, waitpid(pid, &status, 0));
-			ASSERT_EQ(0, status);
+		fi_collect_sites(&op);
+		seen = op.injections;
+		ASSERT_EQ(0, pipe2(pfd, O_CLOEXEC));
+		runner = fork();
+		ASSERT_LE(0, runner);
+		if (runner == 0) {
+			close(pfd[0]);
+			fi_fork_runner(pfd[1], p, n);
+		}
+		close(pfd[1]);
+		got = read(pfd[0], &rep, sizeof(rep));
+		close(pfd[0]);
+		ASSERT_EQ(runner, waitpid(runner, &status, 0));
+		/* Reap the grandchild if the runner's death orphaned it. */
+		while (waitpid(-1, NULL, 0) > 0)
+			;
+		if (WIFSIGNALED(status)) {
+			/* Only an injected failure may kill it. */
+			fi_collect_sites(&op);
+			EXPECT_LT(seen, op.injections)
+				TH_LOG("N=%u: the runner died of signal %d with no failure injected",
+				       n, WTERMSIG(status));
+			died++;
+			TH_LOG("N=%u: the runner died of signal %d%s", n,
+			       WTERMSIG(status),
+			       got == sizeof(rep) ? " after reporting" : "");
+		} else {
+			/* 0: the grandchild saw the mapping's data. */
+			ASSERT_TRUE(WIFEXITED(status));
+			ASSERT_EQ(0, WEXITSTATUS(status));
+			ASSERT_EQ(sizeof(rep), got);
+		}
+		if (got != sizeof(rep)) {
+			/* Died before it could say: a point was hit. */
+			died_before_report++;
+			op.points++;
+			fi_collect_sites(&op);
+			FI_SAME_STATE(before, s.seg);
+			continue;
+		}
+		if (!rep.fired) {
+			ASSERT_LT(0, rep.ret);
 			break;
 		}
-		fi_count(_metadata, &op, n, ret, fi_fork_errnos);
-		if (pid > 0) {
-			ASSERT_EQ(pid, waitpid(pid, &status, 0));
-			ASSERT_EQ(0, status);
-		} else {
-			FI_SAME_STATE(before, s.seg);
-		}
+		fi_count(_metadata, &op, n, rep.ret, fi_fork_errnos);
+		FI_SAME_STATE(before, s.seg);
 	}
 	FI_END();
+	printf("# fi: %s: the armed runner died %u times (%u before reporting)\n",
+	       "fork with a mapping", died, died_before_report);
+	fflush(stdout);
 	ASSERT_EQ(0, munmap(p, SEGSZ));
 	fi_seg_del(_metadata, &s);
 }
