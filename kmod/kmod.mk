@@ -50,6 +50,8 @@ $(KO_DEBUG): $(KMOD_DEPS) scripts/build-debug-kernel scripts/debug-kernel.config
 	$(Q)scripts/build-debug-kernel --print-env > $(B)/kdebug.env
 	$(call kmod_build,$$(sed -n 's/^KDEBUG_TREE=//p' $(B)/kdebug.env),$(B)/kmod-debug)
 
-# checkpatch --strict, sparse and W=1: the lint suite of make check.
+# checkpatch --strict, sparse and W=1 (also without THP): the lint suite
+# of make check.
 kmod-lint: $(DEPS_MK)
 	$(Q)B=$(B) tests/lint/kmod-lint.sh
+	$(Q)B=$(B) tests/lint/kmod-nothp.sh

@@ -421,6 +421,13 @@ static const struct file_operations tshm_seg_fops = {
 	.llseek			= noop_llseek,
 };
 
+/*
+ * tmpfs with huge=within_size, for TSHM_CREATE_HUGE.  Not a long-term
+ * mount like kern_mount()'s (its mnt_ns is not MNT_NS_INTERNAL): kern_mount()
+ * takes no mount options, and neither 6.1 nor 6.12 exports a way to make a
+ * long-term mount from a configured fs_context.  So each fput() of a file on
+ * it takes mntput_no_expire()'s slow path (mount_lock).
+ */
 static struct vfsmount *tshm_mount_huge(struct file_system_type *type)
 {
 	struct fs_context *fc;
