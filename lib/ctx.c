@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: LGPL-2.1-or-later
 /*
- * ctx.c - contexts, backend choice, error strings.
+ * ctx.c - contexts, backend choice, error strings.  The backend is picked
+ * here, once per context; everything else goes through ctx->ops.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -92,23 +93,21 @@ static void ctx_fork_release(struct fork_node *n, bool child)
 	}
 }
 
-static int ctx_new(int fd, enum tshm_backend backend, struct tshm_ctx **out)
+static int ctx_new(int fd, const struct backend_ops *ops,
+		   struct tshm_ctx **out)
 {
 	struct tshm_ctx *ctx = calloc(1, sizeof(*ctx));
-	struct stat st;
-	int mfd;
+	int ret;
 
 	if (!ctx)
 		return -ENOMEM;
-	/* Where memfds live: received segments must live there too. */
-	mfd = backend == TSHM_BACKEND_MEMFD ? fd : memfd_ctx_open();
-	if (mfd < 0 || fstat(mfd, &st) < 0) {
+	ctx->fd = fd;
+	ctx->ops = ops;
+	ret = ops->ctx_init ? ops->ctx_init(ctx) : 0;
+	if (ret < 0) {
 		free(ctx);
-		return mfd < 0 ? mfd : -errno;
+		return ret;
 	}
-	ctx->memfd_dev = st.st_dev;
-	if (mfd != fd)
-		close(mfd);
 	ctx->mark = mmap(NULL, sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE,
 			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (ctx->mark == MAP_FAILED) {
@@ -119,8 +118,6 @@ static int ctx_new(int fd, enum tshm_backend backend, struct tshm_ctx **out)
 	atomic_init(ctx->mark, 1);
 	ctx->gen_base = 1;
 	atomic_init(&ctx->refs, 1);
-	ctx->fd = fd;
-	ctx->backend = backend;
 	ctx->page_size = sysconf(_SC_PAGESIZE);
 	pthread_mutex_init(&ctx->lock, NULL);
 	pthread_mutex_init(&ctx->qlock, NULL);
@@ -147,7 +144,7 @@ static unsigned backend_from_env(void)
 TSHM_EXPORT
 int tshm_ctx_open(struct tshm_ctx **out, unsigned flags)
 {
-	enum tshm_backend backend;
+	const struct backend_ops *ops;
 	int fd, ret;
 
 	if (!out || (flags & ~(TSHM_CTX_MEMFD | TSHM_CTX_KMOD)) ||
@@ -160,20 +157,20 @@ int tshm_ctx_open(struct tshm_ctx **out, unsigned flags)
 	}
 
 	fd = -ENODEV;
+	ops = &kmod_ops;
 	if (!(flags & TSHM_CTX_MEMFD)) {
-		fd = kmod_open();
+		fd = ops->ctx_open();
 		if (fd < 0 && (flags & TSHM_CTX_KMOD))
 			return fd == -ENOENT ? -ENODEV : fd;
 	}
-	if (fd >= 0) {
-		backend = TSHM_BACKEND_KMOD;
-	} else {
-		fd = memfd_ctx_open();
+	if (fd < 0) {
+		/* No module (or not wanted): the fallback. */
+		ops = &memfd_ops;
+		fd = ops->ctx_open();
 		if (fd < 0)
 			return fd;
-		backend = TSHM_BACKEND_MEMFD;
 	}
-	ret = ctx_new(fd, backend, out);
+	ret = ctx_new(fd, ops, out);
 	if (ret < 0)
 		close(fd);
 	return ret;
@@ -182,31 +179,30 @@ int tshm_ctx_open(struct tshm_ctx **out, unsigned flags)
 TSHM_EXPORT
 int tshm_ctx_open_fd(int fd, unsigned flags, struct tshm_ctx **out)
 {
-	enum tshm_backend backend;
+	const struct backend_ops *ops;
 	int nfd, ret;
 
 	if (!out || fd < 0 || (flags & ~(TSHM_CTX_MEMFD | TSHM_CTX_KMOD)))
 		return -EINVAL;
-	ret = kmod_is_ctx_fd(fd);
+	/* Whichever backend recognizes the fd, if the caller allows it. */
+	ops = &kmod_ops;
+	ret = ops->is_ctx_fd(fd);
 	if (ret < 0)
 		return ret;
-	if (ret) {
-		backend = TSHM_BACKEND_KMOD;
-	} else {
-		ret = memfd_is_ctx_fd(fd);
+	if (ret && (flags & TSHM_CTX_MEMFD))
+		return -EINVAL;
+	if (!ret) {
+		ops = &memfd_ops;
+		ret = ops->is_ctx_fd(fd);
 		if (ret < 0)
 			return ret;
-		if (!ret)
+		if (!ret || (flags & TSHM_CTX_KMOD))
 			return -EINVAL;
-		backend = TSHM_BACKEND_MEMFD;
 	}
-	if ((flags & TSHM_CTX_MEMFD && backend != TSHM_BACKEND_MEMFD) ||
-	    (flags & TSHM_CTX_KMOD && backend != TSHM_BACKEND_KMOD))
-		return -EINVAL;
 	nfd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
 	if (nfd < 0)
 		return -errno;
-	ret = ctx_new(nfd, backend, out);
+	ret = ctx_new(nfd, ops, out);
 	if (ret < 0)
 		close(nfd);
 	return ret;
@@ -224,6 +220,12 @@ uint64_t ctx_gen(struct tshm_ctx *ctx)
 	gen = atomic_load(ctx->mark);
 	ctx->gen_base = gen;
 	return gen;
+}
+
+void ctx_flush_drops(struct tshm_ctx *ctx)
+{
+	if (ctx->ops->ctx_idle)
+		ctx->ops->ctx_idle(ctx);
 }
 
 struct tshm_ctx *ctx_get(struct tshm_ctx *ctx)
@@ -254,7 +256,7 @@ void tshm_ctx_close(struct tshm_ctx *ctx)
 TSHM_EXPORT
 const char *tshm_ctx_backend(const struct tshm_ctx *ctx)
 {
-	return ctx->backend == TSHM_BACKEND_KMOD ? "kmod" : "memfd";
+	return ctx->ops->name;
 }
 
 TSHM_EXPORT

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: LGPL-2.1-or-later
 /*
- * kmod.c - the module backend: thin wrappers around the /dev/tshm ioctls
- * (kmod/include/uapi/linux/tshm.h).
+ * kmod.c - the module backend: its operations table, and thin wrappers
+ * around the /dev/tshm ioctls (kmod/include/uapi/linux/tshm.h).  Segments
+ * are in kmod-seg.c, segments through a queue in kmod-queue.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -12,7 +13,7 @@
 
 #include <linux/tshm.h>
 
-#include "tshm-private.h"
+#include "kmod.h"
 
 /* The module's misc device; udev names it after the module. */
 #define KMOD_DEVICE	"/dev/tshm"
@@ -132,29 +133,42 @@ int kmod_drop(int ctx_fd, uint64_t id, int count)
 	return xioctl(ctx_fd, TSHM_IOC_DROP, &d);
 }
 
-int kmod_info_name(int seg_fd, char *name, size_t len)
+/* The name a segment was created with, read from the module. */
+void kmod_seg_name(int seg_fd, char *name, size_t len)
 {
 	struct tshm_info info = { .argsz = sizeof(info) };
-	int ret;
 
-	ret = xioctl(seg_fd, TSHM_IOC_INFO, &info);
-	if (ret < 0)
-		return ret;
+	name[0] = '\0';
+	if (xioctl(seg_fd, TSHM_IOC_INFO, &info) < 0)
+		return;
 	info.name[sizeof(info.name) - 1] = '\0';
 	strncpy(name, info.name, len - 1);
 	name[len - 1] = '\0';
-	return 0;
 }
 
-int kmod_seg_info(int seg_fd, uint64_t *id, size_t *size)
-{
-	struct tshm_info info = { .argsz = sizeof(info) };
-	int ret;
-
-	ret = xioctl(seg_fd, TSHM_IOC_INFO, &info);
-	if (ret < 0)
-		return ret == -ENOTTY ? -EBADMSG : ret;
-	*id = info.id;
-	*size = info.size;
-	return 0;
-}
+const struct backend_ops kmod_ops = {
+	.name			= "kmod",
+	.wire			= TSHM_BACKEND_KMOD,
+	.ctx_open		= kmod_open,
+	.is_ctx_fd		= kmod_is_ctx_fd,
+	.ctx_idle		= kmod_ctx_idle,
+	.seg_create		= kmod_seg_create,
+	.seg_name		= kmod_seg_name,
+	.seg_adopted		= kmod_seg_adopted,
+	.seg_destroy		= kmod_seg_destroy,
+	.seg_released_now	= kmod_seg_released_now,
+	.seg_release_pollfds	= kmod_seg_release_pollfds,
+	.seg_export		= kmod_seg_export,
+	.seg_import		= kmod_seg_import,
+	.seg_send_fd		= kmod_seg_send_fd,
+	.seg_wire_fds		= 1,	/* a transfer context */
+	.seg_recv_fd		= kmod_seg_recv_fd,
+	.q_open			= kmod_q_open,
+	.q_fds			= kmod_q_fds,
+	.q_check_fds		= kmod_q_check_fds,
+	.q_send_segs		= kmod_q_send_segs,
+	.q_recv_take		= kmod_q_recv_take,
+	.q_recv_undo		= kmod_q_recv_undo,
+	.q_recv_commit		= kmod_q_recv_commit,
+	.q_recv_finish		= kmod_q_recv_finish,
+};

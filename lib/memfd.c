@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: LGPL-2.1-or-later
 /*
- * memfd.c - the fallback backend: sealed memfds.  The lease sockets that
- * stand in for the module's holder counting live in seg.c.
+ * memfd.c - the fallback backend: its operations table and sealed memfds.
+ * The lease sockets that stand in for the module's holder count are in
+ * memfd-lease.c, segments through a queue in memfd-queue.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -12,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "tshm-private.h"
+#include "memfd.h"
 
 #define MEMFD_CTX_NAME	"tshm-ctx"
 
@@ -45,7 +46,7 @@ int memfd_is_ctx_fd(int fd)
 	return st.st_size == 0 && (seals & F_SEAL_WRITE);
 }
 
-int memfd_seg_id(int fd, uint64_t *id, size_t *size)
+static int memfd_seg_id(int fd, uint64_t *id, size_t *size)
 {
 	struct stat st;
 
@@ -92,34 +93,6 @@ int memfd_seg_check(struct tshm_ctx *ctx, int fd, uint64_t *id, size_t *size)
 	return 0;
 }
 
-/* 0 when @fd is an eventfd, else -EBADMSG. */
-int fd_check_eventfd(int fd)
-{
-	char path[40], link[32];
-	ssize_t n;
-
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	n = readlink(path, link, sizeof(link) - 1);
-	if (n <= 0)
-		return -EBADMSG;
-	link[n] = '\0';
-	return strcmp(link, "anon_inode:[eventfd]") ? -EBADMSG : 0;
-}
-
-int fd_check_socket(int fd, int type)
-{
-	struct stat st;
-	socklen_t len = sizeof(int);
-	int t;
-
-	if (fstat(fd, &st) < 0)
-		return -errno;
-	if (!S_ISSOCK(st.st_mode) ||
-	    getsockopt(fd, SOL_SOCKET, SO_TYPE, &t, &len) < 0 || t != type)
-		return -EBADMSG;
-	return 0;
-}
-
 int memfd_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
 		     unsigned flags, int *out_fd, uint64_t *id, size_t *mapsize)
 {
@@ -153,3 +126,81 @@ fail:
 	close(fd);
 	return ret;
 }
+
+/* The name given at creation, from the memfd's name ("memfd:tshm:NAME"). */
+void memfd_seg_name(int fd, char *name, size_t len)
+{
+	char path[32], link[64 + TSHM_SEG_NAME_MAX];
+	const char *p;
+	ssize_t n;
+	size_t k;
+
+	name[0] = '\0';
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, link, sizeof(link) - 1);
+	if (n <= 0)
+		return;
+	link[n] = '\0';
+	p = strstr(link, "memfd:tshm:");
+	if (!p)
+		return;
+	p += strlen("memfd:tshm:");
+	k = strcspn(p, " ");
+	if (k >= len)
+		k = len - 1;
+	memcpy(name, p, k);
+	name[k] = '\0';
+}
+
+/* Where memfds live: received segments must live there too. */
+static int memfd_ctx_init(struct tshm_ctx *ctx)
+{
+	struct stat st;
+
+	if (fstat(ctx->fd, &st) < 0)
+		return -errno;
+	ctx->memfd_dev = st.st_dev;
+	return 0;
+}
+
+static void memfd_seg_created(struct tshm_seg *seg, unsigned flags)
+{
+	if (flags & TSHM_SEG_HUGE)
+		madvise(seg->data, seg->size, MADV_HUGEPAGE);
+}
+
+static int memfd_seg_export(struct tshm_seg *seg, struct tshm_handle *h)
+{
+	return -EOPNOTSUPP;	/* a memfd travels only as an fd */
+}
+
+static int memfd_seg_import(struct tshm_ctx *ctx, const struct tshm_handle *h,
+			    struct tshm_seg **out)
+{
+	return -EOPNOTSUPP;
+}
+
+const struct backend_ops memfd_ops = {
+	.name			= "memfd",
+	.wire			= TSHM_BACKEND_MEMFD,
+	.ctx_open		= memfd_ctx_open,
+	.is_ctx_fd		= memfd_is_ctx_fd,
+	.ctx_init		= memfd_ctx_init,
+	.seg_create		= memfd_seg_create,
+	.seg_created		= memfd_seg_created,
+	.seg_name		= memfd_seg_name,
+	.seg_destroy		= memfd_seg_destroy,
+	.seg_released_now	= memfd_seg_released_now,
+	.seg_release_pollfds	= memfd_seg_release_pollfds,
+	.seg_export		= memfd_seg_export,
+	.seg_import		= memfd_seg_import,
+	.seg_send_fd		= memfd_seg_send_fd,
+	.seg_wire_fds		= 2,	/* the memfd, a lease peer */
+	.seg_recv_fd		= memfd_seg_recv_fd,
+	.q_open			= memfd_q_open,
+	.q_fds			= memfd_q_fds,
+	.q_check_fds		= memfd_q_check_fds,
+	.q_send_segs		= memfd_q_send_segs,
+	.q_recv_take		= memfd_q_recv_take,
+	.q_recv_finish		= memfd_q_recv_finish,
+};

@@ -22,12 +22,7 @@ int q_fds(const struct tshm_queue *q, int *fds)
 	int n = 0;
 
 	fds[n++] = q->fd;
-	if (q->ctx->backend == TSHM_BACKEND_KMOD) {
-		fds[n++] = q->gfd;
-	} else {
-		fds[n++] = q->sfd[0];
-		fds[n++] = q->sfd[1];
-	}
+	n += q->ctx->ops->q_fds(q, fds + n);
 	fds[n++] = q->efd;
 	return n;
 }
@@ -110,7 +105,7 @@ static int parse_fds(const char *s, int *fds, int max)
 static int q_adopt_fds_checked(struct tshm_ctx *ctx, int *fds, int nfds,
 			       struct tshm_queue **out)
 {
-	int none[2] = { -1, -1 }, i, ret;
+	int gfd = -1, sfd[2] = { -1, -1 }, i, ret;
 
 	for (i = 0; i < nfds; i++)
 		if (fcntl(fds[i], F_GETFD) < 0)
@@ -120,23 +115,10 @@ static int q_adopt_fds_checked(struct tshm_ctx *ctx, int *fds, int nfds,
 	ret = fd_check_eventfd(fds[nfds - 1]);
 	if (ret < 0)
 		return ret;
-	if (ctx->backend == TSHM_BACKEND_KMOD) {
-		if (nfds != 3)
-			return -EBADMSG;
-		ret = kmod_is_ctx_fd(fds[1]);
-		if (ret <= 0)
-			return ret < 0 ? ret : -EBADMSG;
-		ret = q_attach(ctx, fds[0], fds[1], none, fds[2], out);
-	} else {
-		if (nfds != 4)
-			return -EBADMSG;
-		for (i = 1; i < 3; i++) {
-			ret = fd_check_socket(fds[i], SOCK_SEQPACKET);
-			if (ret < 0)
-				return ret;
-		}
-		ret = q_attach(ctx, fds[0], -1, fds + 1, fds[3], out);
-	}
+	/* The ring, the backend's transport, the eventfd. */
+	ret = ctx->ops->q_check_fds(fds + 1, nfds - 2, &gfd, sfd);
+	if (ret == 0)
+		ret = q_attach(ctx, fds[0], gfd, sfd, fds[nfds - 1], out);
 	if (ret < 0)
 		return ret;
 	for (i = 0; i < nfds; i++)
@@ -184,7 +166,7 @@ int tshm_queue_send_fd(struct tshm_queue *q, int sock)
 	if (!q || sock < 0)
 		return -EINVAL;
 	w[0] = QWIRE_MAGIC;
-	w[1] = q->ctx->backend;
+	w[1] = q->ctx->ops->wire;
 	nfds = q_fds(q, fds);
 	return fd_send(sock, w, sizeof(w), fds, nfds, 0);
 }
@@ -206,7 +188,7 @@ int tshm_queue_recv_fd(struct tshm_ctx *ctx, int sock, struct tshm_queue **out)
 		return -EPIPE;
 	if (n != sizeof(w) || w[0] != QWIRE_MAGIC)
 		ret = -EBADMSG;
-	else if (w[1] != (uint32_t)ctx->backend)
+	else if (w[1] != ctx->ops->wire)
 		ret = -EXDEV;
 	else
 		ret = q_adopt_fds_checked(ctx, fds, nfds, out);

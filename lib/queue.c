@@ -64,7 +64,7 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 	for (i = 0; i < nsegs; i++) {
 		if (!segs[i])
 			return -EINVAL;
-		if (segs[i]->ctx->backend != q->ctx->backend)
+		if (segs[i]->ctx->ops != q->ctx->ops)
 			return -EXDEV;
 	}
 	hdr = q->hdr;
@@ -83,12 +83,8 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 		tail = atomic_load_explicit(&hdr->tail, memory_order_relaxed);
 		if (tail - head < q->capacity) {
 			slot = q_slot(q, tail);
-			if (!nsegs)
-				ret = 0;
-			else if (q->ctx->backend == TSHM_BACKEND_KMOD)
-				ret = q_grant_segs(q, slot, segs, nsegs);
-			else
-				ret = q_send_fds(q, slot, segs, nsegs);
+			ret = nsegs ? q->ctx->ops->q_send_segs(q, segs, nsegs,
+							       slot->h, &slot->tag) : 0;
 			if (ret == 0)
 				break;
 			q_unlock(q, recovered);
@@ -137,11 +133,9 @@ TSHM_EXPORT
 int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 		    struct tshm_seg **segs, unsigned *nsegs, int timeout_ms)
 {
-	struct tshm_handle h[TSHM_QUEUE_MAX_SEGS];
-	uint64_t gen[TSHM_QUEUE_MAX_SEGS];
-	int fds[2 * TSHM_QUEUE_MAX_SEGS];
-	unsigned room = nsegs ? *nsegs : 0, n, overflow = 0;
-	bool kmod = q && q->ctx->backend == TSHM_BACKEND_KMOD;
+	unsigned room = nsegs ? *nsegs : 0, n;
+	const struct backend_ops *ops;
+	struct q_rx rx;
 	struct qhdr *hdr;
 	struct qslot *slot;
 	struct deadline dl;
@@ -153,6 +147,7 @@ int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 	if (!q || (cap && !buf) || (room && !segs))
 		return -EINVAL;
 	hdr = q->hdr;
+	ops = q->ctx->ops;
 	deadline_init(&dl, timeout_ms);
 again:
 	for (;;) {
@@ -206,32 +201,23 @@ again:
 	}
 	if (mlen)
 		memcpy(buf, slot->data, mlen);
-	memcpy(h, slot->h, n * sizeof(h[0]));
-	ret = 0;
-	if (n && kmod) {
-		q_lookup_segs(q, h, n, segs);
-		/* Each cache miss ATTACHes after the commit: one fd each. */
-		ret = q_reserve_attach_fds(q, segs, n);
-	} else if (n) {
-		ret = q_recv_fds(q, slot->tag, n, fds, gen);
-	}
+	rx.n = n;
+	rx.tag = slot->tag;
+	memcpy(rx.h, slot->h, n * sizeof(rx.h[0]));
+	ret = n ? ops->q_recv_take(q, &rx, segs) : 0;
 	if (ret < 0) {
 		/* No room for the segments' fds: the message stays. */
 		q_unlock(q, recovered);
-		for (unsigned i = 0; kmod && i < n; i++)
-			tshm_seg_unref(segs[i]);
+		if (ops->q_recv_undo)
+			ops->q_recv_undo(q, &rx, segs);
 		return ret;
 	}
 consume:
 	/* The commit: the message is taken once head moves past it. */
 	atomic_store_explicit(&hdr->head, head + 1, memory_order_release);
-	/*
-	 * Then park what hits did not consume.  Killed between the two, the
-	 * grants stay with the queue context unaccounted: a leak until the
-	 * queue goes, never a spare that does not exist.
-	 */
-	if (ret == 0 && n && kmod)
-		overflow = q_park_hits(q, h, n, segs);
+	/* Then what the backend does once the message is taken. */
+	if (ret == 0 && n && ops->q_recv_commit)
+		ops->q_recv_commit(q, &rx, segs);
 	q_unlock(q, recovered);
 	q_wake(&hdr->con, &hdr->swait, false);
 	if (ret == 1)
@@ -240,10 +226,7 @@ consume:
 		return ret;
 
 	if (n) {
-		if (kmod)
-			ret = q_attach_segs(q, h, n, segs, overflow);
-		else
-			ret = q_adopt_fds(q, n, fds, gen, segs);
+		ret = ops->q_recv_finish(q, &rx, segs);
 		if (ret < 0)
 			return ret;
 	}
@@ -390,7 +373,7 @@ int q_attach(struct tshm_ctx *ctx, int fd, int gfd, const int *sfd,
 		munmap(map, st.st_size);
 		return -EBADMSG;
 	}
-	if (geo.backend != (uint32_t)ctx->backend) {
+	if (ctx->ops->wire != geo.backend) {
 		munmap(map, st.st_size);
 		return -EXDEV;
 	}
@@ -414,12 +397,10 @@ int q_attach(struct tshm_ctx *ctx, int fd, int gfd, const int *sfd,
 	q->efd = efd;
 	q->wait = TSHM_WAIT_ADAPTIVE;
 	q->spin_us = QUEUE_SPIN_US;
-	if (ctx->backend == TSHM_BACKEND_KMOD) {
-		pthread_mutex_lock(&ctx->qlock);
-		q->ctx_next = ctx->queues;
-		ctx->queues = q;
-		pthread_mutex_unlock(&ctx->qlock);
-	}
+	pthread_mutex_lock(&ctx->qlock);
+	q->ctx_next = ctx->queues;
+	ctx->queues = q;
+	pthread_mutex_unlock(&ctx->qlock);
 	*out = q;
 	return 0;
 }
@@ -429,7 +410,6 @@ int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
 		      struct tshm_queue **out)
 {
 	int fd = -1, gfd = -1, sfd[2] = { -1, -1 }, efd = -1, ret;
-	int sndbuf = QUEUE_SNDBUF;
 	pthread_mutexattr_t attr;
 	size_t slot_size, map_size;
 	struct qhdr *hdr;
@@ -453,7 +433,7 @@ int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
 		goto fail_errno;
 	hdr->magic = QUEUE_MAGIC;
 	hdr->version = QUEUE_VERSION;
-	hdr->backend = ctx->backend;
+	hdr->backend = ctx->ops->wire;
 	hdr->capacity = capacity;
 	hdr->slot_size = slot_size;
 	hdr->max_segs = TSHM_QUEUE_MAX_SEGS;
@@ -468,22 +448,10 @@ int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
 	if (ret < 0)
 		goto fail;
 
-	if (ctx->backend == TSHM_BACKEND_KMOD) {
-		/* In-flight grants belong to a context of the queue's own. */
-		gfd = kmod_open();
-		if (gfd < 0) {
-			ret = gfd;
-			goto fail;
-		}
-	} else {
-		if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sfd))
-			goto fail_errno;
-		/* Best effort: wmem_max caps it for unprivileged callers. */
-		setsockopt(sfd[0], SOL_SOCKET, SO_SNDBUF, &sndbuf,
-			   sizeof(sndbuf));
-		shutdown(sfd[0], SHUT_RD);
-		shutdown(sfd[1], SHUT_WR);
-	}
+	/* What carries the segments: the backend's. */
+	ret = ctx->ops->q_open(&gfd, sfd);
+	if (ret < 0)
+		goto fail;
 	efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (efd < 0)
 		goto fail_errno;
@@ -515,16 +483,14 @@ void tshm_queue_unref(struct tshm_queue *q)
 					    memory_order_acq_rel) != 1)
 		return;
 	ctx = q->ctx;
-	if (ctx->backend == TSHM_BACKEND_KMOD) {
-		pthread_mutex_lock(&ctx->qlock);
-		for (pp = &ctx->queues; *pp; pp = &(*pp)->ctx_next) {
-			if (*pp == q) {
-				*pp = q->ctx_next;
-				break;
-			}
+	pthread_mutex_lock(&ctx->qlock);
+	for (pp = &ctx->queues; *pp; pp = &(*pp)->ctx_next) {
+		if (*pp == q) {
+			*pp = q->ctx_next;
+			break;
 		}
-		pthread_mutex_unlock(&ctx->qlock);
 	}
+	pthread_mutex_unlock(&ctx->qlock);
 	munmap(q->hdr, q->map_size);
 	q_close_fds(q->fd, q->gfd, q->sfd, q->efd);
 	ctx_put(q->ctx);

@@ -6,8 +6,9 @@
  *
  *   queue.c         creation, attachment, send, receive, close
  *   queue-wait.c    the ring lock, sleeps and wake-ups, the pollable fd
- *   queue-pass.c    segments through the queue: grants and the spare
- *                   table (module), fds and tags (fallback)
+ *   kmod-queue.c    segments through the queue on the module: grants
+ *                   and the spare table (backend_ops, backend.h)
+ *   memfd-queue.c   the same on the fallback: fds and tags in a socket
  *   queue-export.c  handing a queue to another process
  */
 #ifndef _TSHM_QUEUE_H
@@ -149,26 +150,6 @@ int q_wait(struct tshm_queue *q, _Atomic uint32_t *word, uint32_t seen,
 	   _Atomic uint32_t *waiters, const struct deadline *dl);
 void q_poll_wake(struct tshm_queue *q, bool force);
 void q_poll_arm(struct tshm_queue *q);
-
-/* queue-pass.c: segments through the queue, both backends */
-bool q_spare_take(struct tshm_queue *q, uint64_t id);
-bool q_spare_put(struct tshm_queue *q, uint64_t id);
-int q_grant_segs(struct tshm_queue *q, struct qslot *slot,
-		 struct tshm_seg *const *segs, unsigned nsegs);
-int q_send_fds(struct tshm_queue *q, struct qslot *slot,
-	       struct tshm_seg *const *segs, unsigned nsegs);
-int q_recv_fds(struct tshm_queue *q, uint64_t tag, unsigned nsegs, int *fds,
-	       uint64_t *gen);
-void q_lookup_segs(struct tshm_queue *q, const struct tshm_handle *h,
-		   unsigned nsegs, struct tshm_seg **segs);
-int q_reserve_attach_fds(struct tshm_queue *q, struct tshm_seg **segs,
-			 unsigned nsegs);
-unsigned q_park_hits(struct tshm_queue *q, const struct tshm_handle *h,
-		     unsigned nsegs, struct tshm_seg **segs);
-int q_attach_segs(struct tshm_queue *q, const struct tshm_handle *h,
-		  unsigned nsegs, struct tshm_seg **segs, unsigned overflow);
-int q_adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
-		const uint64_t *gen, struct tshm_seg **segs);
 
 /* queue-export.c: the fds that make a queue, in the order they travel */
 int q_fds(const struct tshm_queue *q, int *fds);

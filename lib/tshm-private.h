@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "tshm.h"
+#include "backend.h"
 
 #define TSHM_EXPORT	__attribute__((visibility("default")))
 #define likely(x)	__builtin_expect(!!(x), 1)
@@ -23,6 +24,7 @@
 #define ARRAY_SIZE(a)	(sizeof(a) / sizeof((a)[0]))
 #define ALIGN_UP(x, a)	(((x) + (a) - 1) & ~((__typeof__(x))(a) - 1))
 
+/* backend_ops.wire: how shared headers and socket messages name one. */
 enum tshm_backend {
 	TSHM_BACKEND_KMOD = 1,
 	TSHM_BACKEND_MEMFD = 2,
@@ -64,9 +66,9 @@ void spawn_fork_release(bool child);
 
 struct tshm_ctx {
 	atomic_int refs;
-	enum tshm_backend backend;
+	const struct backend_ops *ops;	/* chosen once, in ctx.c */
 	int fd;				/* /dev/tshm open, or the marker memfd */
-	dev_t memfd_dev;		/* st_dev of this process's memfds */
+	dev_t memfd_dev;		/* memfd: st_dev of this process's memfds */
 	size_t page_size;
 	pthread_mutex_t lock;		/* protects the cache and seg drop state */
 	struct tshm_seg *cache[TSHM_CACHE_BUCKETS];
@@ -93,6 +95,8 @@ struct tshm_ctx {
 };
 
 uint64_t ctx_gen(struct tshm_ctx *ctx);
+/* A receiver is about to idle: give back what it batched (module grants). */
+void ctx_flush_drops(struct tshm_ctx *ctx);
 
 struct tshm_ctx *ctx_get(struct tshm_ctx *ctx);
 void ctx_put(struct tshm_ctx *ctx);
@@ -159,28 +163,8 @@ void seg_cache_insert_locked(struct tshm_ctx *ctx, struct tshm_seg *seg);
  */
 int seg_adopt(struct tshm_ctx *ctx, int fd, uint64_t id, size_t size,
 	      struct tshm_seg **out, bool *hit);
-/* Module: grant @seg to @ctx_fd, by its fd or, received, by its mapping. */
-int seg_grant(struct tshm_seg *seg, int ctx_fd, int count);
-/* Record a grant not consumed because the segment was cached. */
-void seg_note_unconsumed_grant(struct tshm_seg *seg, struct tshm_queue *q);
-void seg_flush_drops(struct tshm_seg *seg);
-/* Give back every grant this context batched (a receiver about to idle). */
-void ctx_flush_drops(struct tshm_ctx *ctx);
-
-/* Fallback leases. */
-struct tshm_lease {
-	atomic_int refs;
-	int fd;
-	uint64_t gen;
-};
-
-/* A reference on the lease to pass along with @seg (created on demand). */
-int seg_lease_get(struct tshm_seg *seg, struct tshm_lease **out);
-void lease_put(struct tshm_lease *lease);
-/* A lease peer arrived with @seg; ownership of @peer passes in. */
-void seg_lease_received(struct tshm_seg *seg, int peer, uint64_t gen);
-/* 1: every lease hung up (sole holder); 0: not yet; <0 error. */
-int seg_lease_check(struct tshm_seg *seg, bool close_peer);
+/* A new reference on @id if this process holds it, else NULL. */
+struct tshm_seg *seg_cache_find(struct tshm_ctx *ctx, uint64_t id);
 
 /* 1 when only this process holds @seg now, 0 when not, <0 on error. */
 int seg_released_now(struct tshm_seg *seg);
@@ -204,34 +188,11 @@ void pool_notifier_put(struct pool_notifier *n);
 
 /* The module context that holds a queue's in-flight grants. */
 int queue_grant_fd(const struct tshm_queue *q);
-/*
- * Module: give back the spare grants for @id parked in the tables of every
- * queue this process has open on @ctx (Documentation/lib/queue.rst).
- */
-void ctx_reclaim_spares(struct tshm_ctx *ctx, uint64_t id);
 
-/* ---- backends ---- */
+/* ---- checks on received fds: 0 or -EBADMSG (or fstat's errno) ---- */
 
-int kmod_open(void);
-int kmod_is_ctx_fd(int fd);
-int kmod_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
-		    unsigned flags, int *fd, uint64_t *id, size_t *mapsize);
-int kmod_grant(int seg_fd, int ctx_fd, int count);
-int kmod_grant_addr(const void *addr, int ctx_fd, int count);
-int kmod_attach(int ctx_fd, uint64_t id, int *fd, size_t *size);
-int kmod_drop(int ctx_fd, uint64_t id, int count);
-int kmod_info_name(int seg_fd, char *name, size_t len);
-int kmod_seg_info(int seg_fd, uint64_t *id, size_t *size);
-
-int memfd_ctx_open(void);
-int memfd_is_ctx_fd(int fd);
-int memfd_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
-		     unsigned flags, int *fd, uint64_t *id, size_t *mapsize);
-int memfd_seg_id(int fd, uint64_t *id, size_t *size);
-/* Checks on received fds: 0 or -EBADMSG (or fstat's errno). */
+/* A regular file sealed against shrinking and growing (*@st filled). */
 int memfd_check_sealed(int fd, struct stat *st);
-int memfd_seg_check(struct tshm_ctx *ctx, int fd, uint64_t *id,
-		    size_t *size);
 int fd_check_socket(int fd, int type);
 int fd_check_eventfd(int fd);
 

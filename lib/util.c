@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -175,6 +177,34 @@ void tlock_unlock(struct tlock *l)
 void futex_wake_all(_Atomic uint32_t *word)
 {
 	syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* 0 when @fd is an eventfd, else -EBADMSG. */
+int fd_check_eventfd(int fd)
+{
+	char path[40], link[32];
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, link, sizeof(link) - 1);
+	if (n <= 0)
+		return -EBADMSG;
+	link[n] = '\0';
+	return strcmp(link, "anon_inode:[eventfd]") ? -EBADMSG : 0;
+}
+
+int fd_check_socket(int fd, int type)
+{
+	struct stat st;
+	socklen_t len = sizeof(int);
+	int t;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (!S_ISSOCK(st.st_mode) ||
+	    getsockopt(fd, SOL_SOCKET, SO_TYPE, &t, &len) < 0 || t != type)
+		return -EBADMSG;
+	return 0;
 }
 
 int fd_reserve(int fd, unsigned n)

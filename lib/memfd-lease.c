@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later
+/*
+ * memfd-lease.c - segments on the fallback: leases, which stand in for the
+ * module's holder count, and passing a segment over a socket.
+ *
+ * A lease is a SEQPACKET socket pair.  The creator keeps the local ends
+ * (@seg->lease_ends) and passes a peer along with the memfd; every holder
+ * keeps one peer, the newest.  An end hangs up when every copy of its peer
+ * is closed, by close, exit or SIGKILL: when every end has hung up, the
+ * creator is the sole holder.  Locking: @seg->lease_lock.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "memfd.h"
+
+void lease_put(struct tshm_lease *lease)
+{
+	if (lease && atomic_fetch_sub(&lease->refs, 1) == 1) {
+		close(lease->fd);
+		free(lease);
+	}
+}
+
+static struct tshm_lease *lease_new(int fd, uint64_t gen)
+{
+	struct tshm_lease *lease = malloc(sizeof(*lease));
+
+	if (!lease)
+		return NULL;
+	atomic_init(&lease->refs, 1);
+	lease->fd = fd;
+	lease->gen = gen;
+	return lease;
+}
+
+int lease_get(struct tshm_seg *seg, struct tshm_lease **out)
+{
+	struct tshm_lease *lease;
+	int sv[2], *ends, ret = 0;
+
+	pthread_mutex_lock(&seg->lease_lock);
+	if (!seg->lease) {
+		if (!seg->creator) {
+			ret = -EBADF;
+			goto out;
+		}
+		ends = realloc(seg->lease_ends,
+			       (seg->nlease_ends + 1) * sizeof(*ends));
+		if (!ends) {
+			ret = -ENOMEM;
+			goto out;
+		}
+		seg->lease_ends = ends;
+		if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv)) {
+			ret = -errno;
+			goto out;
+		}
+		lease = lease_new(sv[1], ++seg->lease_gen);
+		if (!lease) {
+			close(sv[0]);
+			close(sv[1]);
+			ret = -ENOMEM;
+			goto out;
+		}
+		shutdown(sv[0], SHUT_WR);
+		ends[seg->nlease_ends++] = sv[0];
+		seg->lease = lease;
+	}
+	atomic_fetch_add(&seg->lease->refs, 1);
+	*out = seg->lease;
+out:
+	pthread_mutex_unlock(&seg->lease_lock);
+	return ret;
+}
+
+void lease_received(struct tshm_seg *seg, int peer, uint64_t gen)
+{
+	struct tshm_lease *old = NULL, *lease;
+
+	pthread_mutex_lock(&seg->lease_lock);
+	/*
+	 * The creator never holds its own peer: that would keep its lease
+	 * from ever hanging up.  A holder keeps one peer, the newest.
+	 */
+	if (seg->creator || (seg->lease && seg->lease->gen == gen)) {
+		pthread_mutex_unlock(&seg->lease_lock);
+		close(peer);
+		return;
+	}
+	lease = lease_new(peer, gen);
+	if (lease) {
+		old = seg->lease;
+		seg->lease = lease;
+	} else if (!seg->lease) {
+		/* Keep the fd anyway: it is what marks us as a holder. */
+		pthread_mutex_unlock(&seg->lease_lock);
+		return;
+	}
+	pthread_mutex_unlock(&seg->lease_lock);
+	if (!lease)
+		close(peer);
+	lease_put(old);
+}
+
+/* 1: every lease hung up (sole holder); 0: not yet; <0 error. */
+static int lease_check(struct tshm_seg *seg, bool close_peer)
+{
+	struct tshm_lease *old = NULL;
+	unsigned i, n;
+	int ret;
+
+	pthread_mutex_lock(&seg->lease_lock);
+	if (close_peer) {
+		old = seg->lease;
+		seg->lease = NULL;
+	}
+	for (i = 0, n = 0; i < seg->nlease_ends; i++) {
+		struct pollfd pfd = { .fd = seg->lease_ends[i], .events = POLLIN };
+
+		if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLHUP | POLLERR)))
+			close(seg->lease_ends[i]);
+		else
+			seg->lease_ends[n++] = seg->lease_ends[i];
+	}
+	seg->nlease_ends = n;
+	ret = n == 0;
+	pthread_mutex_unlock(&seg->lease_lock);
+	lease_put(old);
+	return ret;
+}
+
+void memfd_seg_destroy(struct tshm_seg *seg)
+{
+	unsigned i;
+
+	lease_put(seg->lease);
+	seg->lease = NULL;
+	for (i = 0; i < seg->nlease_ends; i++)
+		close(seg->lease_ends[i]);
+	free(seg->lease_ends);
+	seg->lease_ends = NULL;
+	seg->nlease_ends = 0;
+}
+
+int memfd_seg_released_now(struct tshm_seg *seg)
+{
+	return seg->creator ? lease_check(seg, true) : -EOPNOTSUPP;
+}
+
+int memfd_seg_release_pollfds(struct tshm_seg *seg, struct pollfd *pfd,
+			      unsigned n)
+{
+	unsigned i;
+
+	pthread_mutex_lock(&seg->lease_lock);
+	for (i = 0; i < seg->nlease_ends && i < n; i++) {
+		pfd[i].fd = seg->lease_ends[i];
+		pfd[i].events = POLLIN;
+	}
+	pthread_mutex_unlock(&seg->lease_lock);
+	return i;
+}
+
+/* The memfd and a lease peer. */
+int memfd_seg_send_fd(struct tshm_seg *seg, int sock, struct seg_wire *w)
+{
+	struct tshm_lease *lease;
+	int fds[2], ret;
+
+	ret = lease_get(seg, &lease);
+	if (ret < 0)
+		return ret;
+	fds[0] = seg->fd;
+	fds[1] = lease->fd;
+	w->gen = lease->gen;
+	ret = fd_send(sock, w, sizeof(*w), fds, 2, 0);
+	lease_put(lease);
+	return ret;
+}
+
+int memfd_seg_recv_fd(struct tshm_ctx *ctx, const struct seg_wire *w,
+		      int *fds, struct tshm_seg **out)
+{
+	struct tshm_seg *seg;
+	uint64_t id;
+	size_t size;
+	bool hit;
+	int ret;
+
+	/* Trust the fd, not the message, for what the segment is. */
+	ret = memfd_seg_check(ctx, fds[0], &id, &size);
+	if (ret == 0)
+		ret = fd_check_socket(fds[1], SOCK_SEQPACKET);
+	if (ret < 0) {
+		close(fds[0]);
+		close(fds[1]);
+		return ret;
+	}
+	ret = seg_adopt(ctx, fds[0], id, size, &seg, &hit);
+	if (ret < 0) {
+		close(fds[1]);
+		return ret;
+	}
+	lease_received(seg, fds[1], w->gen);
+	*out = seg;
+	return 0;
+}

@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later
+/*
+ * memfd-queue.c - segments through a queue on the fallback: each memfd and
+ * its lease peer travel in the queue's SEQPACKET socket, one socket message
+ * per ring message, tagged with its slot and sent and received under the
+ * ring lock so that socket order is ring order; the tag lets a receiver
+ * discard what a dead sender left behind (Documentation/lib/queue.rst).
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "memfd.h"
+#include "queue.h"
+
+/* ---- the queue's transport: a socket pair ---- */
+
+int memfd_q_open(int *gfd, int *sfd)
+{
+	int sndbuf = QUEUE_SNDBUF;
+
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sfd))
+		return -errno;
+	/* Best effort: wmem_max caps it for unprivileged callers. */
+	setsockopt(sfd[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+	shutdown(sfd[0], SHUT_RD);
+	shutdown(sfd[1], SHUT_WR);
+	return 0;
+}
+
+int memfd_q_fds(const struct tshm_queue *q, int *fds)
+{
+	fds[0] = q->sfd[0];
+	fds[1] = q->sfd[1];
+	return 2;
+}
+
+int memfd_q_check_fds(const int *fds, unsigned n, int *gfd, int *sfd)
+{
+	unsigned i;
+	int ret;
+
+	if (n != 2)
+		return -EBADMSG;
+	for (i = 0; i < 2; i++) {
+		ret = fd_check_socket(fds[i], SOCK_SEQPACKET);
+		if (ret < 0)
+			return ret;
+		sfd[i] = fds[i];
+	}
+	return 0;
+}
+
+/* ---- send ---- */
+
+/*
+ * Under the ring lock: the memfds and lease peers in one message tagged
+ * with the slot's new tag, so that socket order is ring order.
+ */
+int memfd_q_send_segs(struct tshm_queue *q, struct tshm_seg *const *segs,
+		      unsigned nsegs, struct tshm_handle *h, uint64_t *tag)
+{
+	struct tshm_lease *lease[TSHM_QUEUE_MAX_SEGS];
+	int fds[2 * TSHM_QUEUE_MAX_SEGS];
+	struct qwire w = { .nsegs = nsegs };
+	unsigned i, n;
+	int ret = 0;
+
+	for (n = 0; n < nsegs; n++) {
+		ret = lease_get(segs[n], &lease[n]);
+		if (ret < 0)
+			goto out;
+		fds[2 * n] = segs[n]->fd;
+		fds[2 * n + 1] = lease[n]->fd;
+		w.gen[n] = lease[n]->gen;
+		h[n].id = segs[n]->id;
+		h[n].grants = 0;
+		h[n].flags = 0;
+	}
+	/* The tag is spent before the send: a retry never reuses it. */
+	w.tag = ++q->hdr->tag;
+	ret = fd_send(q->sfd[0], &w, sizeof(w), fds, 2 * nsegs, MSG_DONTWAIT);
+	if (ret == 0)
+		*tag = w.tag;
+out:
+	for (i = 0; i < n; i++)
+		lease_put(lease[i]);
+	return ret;
+}
+
+/*
+ * Fetch the fds of the message tagged @tag, discarding older messages that
+ * dead senders left behind.  1: they are gone (a receiver died holding
+ * them), the slot must be skipped.  -EMFILE: no room for them in this
+ * process; nothing was consumed.
+ */
+static int recv_fds(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
+		    int *fds, uint64_t *gen)
+{
+	struct qwire w;
+	unsigned nfds, i;
+	ssize_t n;
+	int ret;
+
+	for (;;) {
+		n = recv(q->sfd[1], &w, sizeof(w), MSG_PEEK | MSG_DONTWAIT);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n != sizeof(w) || w.tag > tag)
+			return 1;
+		/*
+		 * Out of fds, recvmsg() would take the message and drop its
+		 * fds (MSG_CTRUNC): check first, and leave it queued.
+		 */
+		if (w.tag == tag) {
+			ret = fd_reserve(q->sfd[1], 2 * nsegs);
+			if (ret < 0)
+				return ret;
+		}
+		nfds = 2 * TSHM_QUEUE_MAX_SEGS;
+		n = fd_recv(q->sfd[1], &w, sizeof(w), fds, &nfds, MSG_DONTWAIT);
+		if (n < 0 && n != -EBADMSG)
+			return 1;
+		if (n == sizeof(w) && w.tag == tag && w.nsegs == nsegs &&
+		    nfds == 2 * nsegs) {
+			memcpy(gen, w.gen, nsegs * sizeof(*gen));
+			return 0;
+		}
+		for (i = 0; i < nfds; i++)
+			close(fds[i]);
+		if (n == sizeof(w) && w.tag == tag)
+			return 1;
+	}
+}
+
+static int adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
+		     const uint64_t *gen, struct tshm_seg **segs)
+{
+	unsigned i, j;
+	uint64_t id;
+	size_t size;
+	bool hit;
+	int ret = 0;
+
+	for (i = 0; i < nsegs; i++) {
+		ret = memfd_seg_check(q->ctx, fds[2 * i], &id, &size);
+		if (ret == 0)
+			ret = fd_check_socket(fds[2 * i + 1], SOCK_SEQPACKET);
+		if (ret == 0)
+			ret = seg_adopt(q->ctx, fds[2 * i], id, size, &segs[i],
+					&hit);
+		else
+			close(fds[2 * i]);
+		if (ret < 0) {
+			close(fds[2 * i + 1]);
+			break;
+		}
+		lease_received(segs[i], fds[2 * i + 1], gen[i]);
+	}
+	if (ret == 0)
+		return 0;
+	for (j = i + 1; j < nsegs; j++) {
+		close(fds[2 * j]);
+		close(fds[2 * j + 1]);
+	}
+	while (i--)
+		tshm_seg_unref(segs[i]);
+	return ret;
+}
+
+/* Under the ring lock, before the commit. */
+int memfd_q_recv_take(struct tshm_queue *q, struct q_rx *rx,
+		      struct tshm_seg **segs)
+{
+	return recv_fds(q, rx->tag, rx->n, rx->fds, rx->gen);
+}
+
+/* After the commit, unlocked. */
+int memfd_q_recv_finish(struct tshm_queue *q, struct q_rx *rx,
+			struct tshm_seg **segs)
+{
+	return adopt_fds(q, rx->n, rx->fds, rx->gen, segs);
+}
