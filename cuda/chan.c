@@ -11,7 +11,7 @@
  * sends {seq, allocation id} + fd on the socket, then the queue message
  * (carrying the same seq), and unlocks; a consumer takes the consumers'
  * mutex, receives the queue message, takes the datagram with that seq and
- * unlocks.  The mutexes are robust.  A producer killed between its two
+ * unlocks.  The locks are robust (lib/rlock.c).  A producer killed between its two
  * sends, or a consumer killed between its two receives, leaves an orphan
  * datagram with a lower seq: the next consumer closes it and goes on (it
  * peeks first, so it never takes a later message's datagram).
@@ -33,7 +33,6 @@ int tshm_cuda_chan_create(struct tshm_ctx *ctx, unsigned capacity,
 			  size_t max_msg, struct tshm_cuda_chan **out)
 {
 	struct tshm_cuda_chan *ch;
-	pthread_mutexattr_t ma;
 	int ret, sz = 4 << 20;
 
 	if (!out || !ctx)
@@ -55,12 +54,11 @@ int tshm_cuda_chan_create(struct tshm_ctx *ctx, unsigned capacity,
 	if (ret)
 		goto err_q;
 	ch->sh = tshm_seg_data(ch->shm);
-	pthread_mutexattr_init(&ma);
-	pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
-	pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
-	pthread_mutex_init(&ch->sh->send_lock, &ma);
-	pthread_mutex_init(&ch->sh->recv_lock, &ma);
-	pthread_mutexattr_destroy(&ma);
+	ret = rlock_init(&ch->sh->send_lock);
+	if (!ret)
+		ret = rlock_init(&ch->sh->recv_lock);
+	if (ret)
+		goto err_shm;
 	ch->sh->next_seq = 1;
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ch->sock)) {
 		ret = -errno;
@@ -102,64 +100,24 @@ void tshm_cuda_chan_destroy(struct tshm_cuda_chan *ch)
 	free(ch);
 }
 
-int tcu_lock(pthread_mutex_t *m, int timeout_ms)
-{
-	struct timespec ts;
-	int r;
-
-	if (timeout_ms < 0) {
-		r = pthread_mutex_lock(m);
-	} else if (timeout_ms == 0) {
-		r = pthread_mutex_trylock(m);
-	} else {
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_sec += timeout_ms / 1000;
-		ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
-		r = pthread_mutex_timedlock(m, &ts);
-	}
-	if (r == EOWNERDEAD) {
-		/* the holder died; the sequence numbers heal the state */
-		pthread_mutex_consistent(m);
-		r = 0;
-	}
-	if (r == EBUSY)
-		return -EAGAIN;
-	return -r;
-}
-
+/* The datagram with @fd, waiting for room until @dl. */
 static int send_fd(int sock, const struct tcu_fd_msg *m, int fd,
-		   int64_t deadline)
+		   const struct deadline *dl)
 {
-	char cbuf[CMSG_SPACE(sizeof(int))] = { 0 };
-	struct iovec iov = { (void *)m, sizeof(*m) };
-	struct msghdr mh = {
-		.msg_iov = &iov, .msg_iovlen = 1,
-		.msg_control = cbuf, .msg_controllen = sizeof(cbuf),
-	};
-	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
 	struct pollfd pfd = { .fd = sock, .events = POLLOUT };
+	int ret;
 
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c), &fd, sizeof(int));
 	for (;;) {
-		if (sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0)
-			return 0;
-		if (errno == EINTR)
-			continue;
-		if (errno != EAGAIN) {
-			tcu_err("sending the buffer's fd: %s", strerror(errno));
-			return -errno;
-		}
-		if (!tcu_left_ms(deadline))
-			return deadline < 0 ? -EAGAIN : -ETIMEDOUT;
-		poll(&pfd, 1, tcu_left_ms(deadline));
+		ret = fd_send(sock, m, sizeof(*m), &fd, 1, MSG_DONTWAIT);
+		if (ret != -EAGAIN)
+			break;
+		if (deadline_expired(dl))
+			return -ETIMEDOUT;
+		poll(&pfd, 1, deadline_poll_ms(dl));
 	}
+	if (ret)
+		tcu_err("sending the buffer's fd: %s", strerror(-ret));
+	return ret;
 }
 
 int tcu_take_fd(int sock, uint64_t seq, uint64_t alloc_id, int *fdp)
@@ -167,14 +125,8 @@ int tcu_take_fd(int sock, uint64_t seq, uint64_t alloc_id, int *fdp)
 	struct pollfd pfd = { .fd = sock, .events = POLLIN };
 
 	for (;;) {
-		char cbuf[CMSG_SPACE(sizeof(int))];
-		struct tcu_fd_msg m;
-		struct iovec iov = { &m, sizeof(m) };
-		struct msghdr mh = {
-			.msg_iov = &iov, .msg_iovlen = 1,
-			.msg_control = cbuf, .msg_controllen = sizeof(cbuf),
-		};
-		struct cmsghdr *c;
+		struct tcu_fd_msg m, got;
+		unsigned nfds = 1;
 		ssize_t n;
 		int fd = -1;
 
@@ -194,15 +146,13 @@ int tcu_take_fd(int sock, uint64_t seq, uint64_t alloc_id, int *fdp)
 				(unsigned long long)seq);
 			return -EBADMSG;
 		}
-		n = recvmsg(sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-		if (n < 0)
+		/* What was peeked is what is taken: we hold recv_lock. */
+		n = fd_recv(sock, &got, sizeof(got), &fd, &nfds, MSG_DONTWAIT);
+		if (n < 0 && n != -EBADMSG)
 			continue;
-		for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-			if (c->cmsg_level == SOL_SOCKET &&
-			    c->cmsg_type == SCM_RIGHTS)
-				memcpy(&fd, CMSG_DATA(c), sizeof(int));
-		if (m.seq < seq || m.alloc_id != alloc_id || fd < 0) {
-			if (fd >= 0)
+		if (n != sizeof(got) || nfds != 1 || m.seq < seq ||
+		    m.alloc_id != alloc_id) {
+			if (nfds)
 				close(fd);
 			if (m.seq < seq)
 				continue;	/* an orphan */
@@ -243,15 +193,16 @@ static void wire_fill(struct tcu_wire *w, const struct tshm_cuda_buf *b,
 int tshm_cuda_send(struct tshm_cuda_chan *ch, struct tshm_cuda_buf *b,
 		   const void *msg, size_t len, int timeout_ms)
 {
-	int64_t deadline = tcu_deadline(timeout_ms);
 	union tcu_wire_buf stack;
 	struct tshm_seg *segs[2];
+	struct deadline dl;
 	struct tcu_fd_msg fm;
 	struct tcu_wire *w;
 	int ret;
 
 	if (!ch || !b || (len && !msg))
 		return -EINVAL;
+	deadline_init(&dl, timeout_ms);
 	if (len > ch->max_msg) {
 		tcu_err("payload of %zu bytes, the channel takes %zu", len,
 			ch->max_msg);
@@ -273,16 +224,17 @@ int tshm_cuda_send(struct tshm_cuda_chan *ch, struct tshm_cuda_buf *b,
 		goto out;
 	}
 	segs[1] = b->alloc->anchor;
-	ret = tcu_lock(&ch->sh->send_lock, tcu_left_ms(deadline));
-	if (ret)
+	/* A dead holder (1) leaves a gap in the sequence: nothing to repair. */
+	ret = rlock_lock(&ch->sh->send_lock, &dl);
+	if (ret < 0)
 		goto out;
 	w->seq = fm.seq = ch->sh->next_seq++;
 	fm.alloc_id = b->alloc->id;
-	ret = send_fd(ch->sock[0], &fm, b->alloc->fd, deadline);
+	ret = send_fd(ch->sock[0], &fm, b->alloc->fd, &dl);
 	if (!ret)
 		ret = tshm_queue_send(ch->q, w, sizeof(*w) + len, segs, 2,
-				      tcu_left_ms(deadline));
-	pthread_mutex_unlock(&ch->sh->send_lock);
+				      deadline_poll_ms(&dl));
+	rlock_unlock(&ch->sh->send_lock);
 out:
 	tcu_wire_buf_free(&stack, w);
 	return ret;

@@ -27,6 +27,11 @@
 
 #include "tshm-cuda.h"
 
+/* libtshm's self-contained helpers, built in (cuda-vars.mk). */
+#include "deadline.h"
+#include "rlock.h"
+#include "scm.h"
+
 /* ---- fork (fork.c): process-local locks held across fork() ---- */
 
 struct tcu_fork_node {
@@ -90,8 +95,6 @@ int tcu_fail(const char *call, CUresult r);
 /* ---- time (driver.c) ---- */
 
 /* A deadline for @timeout_ms (< 0: none); what is left of it, 0 once past. */
-int64_t tcu_deadline(int timeout_ms);
-int tcu_left_ms(int64_t deadline);
 
 /* ---- devices and the receiver cache (device.c, cache.c) ---- */
 
@@ -246,8 +249,8 @@ struct tcu_fd_msg {
 };
 
 struct tcu_chan_shared {
-	pthread_mutex_t send_lock;	/* robust, process-shared */
-	pthread_mutex_t recv_lock;
+	struct rlock send_lock;
+	struct rlock recv_lock;
 	uint64_t next_seq;
 };
 
@@ -259,8 +262,6 @@ struct tshm_cuda_chan {
 	size_t max_msg;
 };
 
-/* Lock a robust process-shared mutex: 0, -EAGAIN, -ETIMEDOUT. */
-int tcu_lock(pthread_mutex_t *m, int timeout_ms);
 /* Take the fd datagram of message @seq (orphans skipped).  Under recv_lock. */
 int tcu_take_fd(int sock, uint64_t seq, uint64_t alloc_id, int *fdp);
 

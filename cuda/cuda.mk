@@ -22,6 +22,10 @@ $(CUDA_B)/obj/%.o: cuda/%.c $(CUDA_HDRS)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(CUDA_CFLAGS) -c -o $@ $<
 
+$(CUDA_B)/obj/lib/%.o: lib/%.c $(CUDA_HDRS)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(CUDA_CFLAGS) -c -o $@ $<
+
 $(CUDA_SO): $(CUDA_OBJS) $(LIB_SO) cuda/libtshm-cuda.map
 	$(Q)$(CC) -shared -Wl,-soname,$(CUDA_SONAME) -Wl,-z,defs \
 		-Wl,--version-script=cuda/libtshm-cuda.map \
@@ -34,8 +38,10 @@ $(CUDA_B)/$(CUDA_SONAME): $(CUDA_SO)
 $(CUDA_B)/libtshm-cuda.so: $(CUDA_B)/$(CUDA_SONAME)
 	$(Q)ln -sf $(notdir $<) $@
 
-$(CUDA_A): $(CUDA_OBJS)
-	$(Q)rm -f $@ && $(AR) rcs $@ $^
+# Like libtshm.a (lib/lib.mk): one object, only libtshm-cuda.map's
+# symbols global, so the helpers it shares with libtshm never clash.
+$(CUDA_A): $(CUDA_OBJS) cuda/libtshm-cuda.map
+	$(call lib_archive,$(CUDA_OBJS),cuda/libtshm-cuda.map)
 
 # Beside libtshm (install-lib), when the toolkit was found at build time.
 # tshm-cuda.h needs no CUDA header and the library loads the driver itself:

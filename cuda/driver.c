@@ -196,26 +196,3 @@ int tcu_fail(const char *call, CUresult r)
 		tcu_err("%.*s: CUresult %d", fn_len, call, (int)r);
 	return tshm_cuda_errno(r);
 }
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-int64_t tcu_deadline(int timeout_ms)
-{
-	return timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
-}
-
-int tcu_left_ms(int64_t deadline)
-{
-	int64_t l;
-
-	if (deadline < 0)
-		return -1;
-	l = deadline - now_ms();
-	return l < 0 ? 0 : (int)(l > 0x7fffffff ? 0x7fffffff : l);
-}

@@ -42,8 +42,8 @@ int tshm_cuda_recv(struct tshm_cuda_chan *ch, struct tshm_cuda *cu,
 		   struct tshm_cuda_buf **out, void *msg, size_t cap,
 		   size_t *lenp, int timeout_ms)
 {
-	int64_t deadline = tcu_deadline(timeout_ms);
 	size_t wlen, got = 0;
+	struct deadline dl;
 	union tcu_wire_buf stack;
 	struct tshm_seg *segs[TSHM_QUEUE_MAX_SEGS];
 	unsigned nsegs = TSHM_QUEUE_MAX_SEGS, i;
@@ -55,21 +55,23 @@ int tshm_cuda_recv(struct tshm_cuda_chan *ch, struct tshm_cuda *cu,
 	if (!ch || !cu || !out || (cap && !msg))
 		return -EINVAL;
 	*out = NULL;
+	deadline_init(&dl, timeout_ms);
 	wlen = sizeof(*w) + ch->max_msg;
 	w = tcu_wire_buf(&stack, wlen);
 	if (!w)
 		return -ENOMEM;
-	ret = tcu_lock(&ch->sh->recv_lock, timeout_ms);
-	if (ret)
+	/* A dead holder (1): its orphan datagram is skipped by seq. */
+	ret = rlock_lock(&ch->sh->recv_lock, &dl);
+	if (ret < 0)
 		goto out_free;
 	ret = tshm_queue_recv(ch->q, w, wlen, &got, segs, &nsegs,
-			      tcu_left_ms(deadline));
+			      deadline_poll_ms(&dl));
 	if (ret) {
-		pthread_mutex_unlock(&ch->sh->recv_lock);
+		rlock_unlock(&ch->sh->recv_lock);
 		goto out_free;
 	}
 	if (!wire_ok(w, got, segs, nsegs)) {
-		pthread_mutex_unlock(&ch->sh->recv_lock);
+		rlock_unlock(&ch->sh->recv_lock);
 		tcu_err("not a tshm-cuda message (%zu bytes, %u segments)",
 			got, nsegs);
 		ret = -EBADMSG;
@@ -77,7 +79,7 @@ int tshm_cuda_recv(struct tshm_cuda_chan *ch, struct tshm_cuda *cu,
 	}
 	if (w->kind == TSHM_CUDA_VMM)
 		ret = tcu_take_fd(ch->sock[1], w->seq, w->alloc_id, &fd);
-	pthread_mutex_unlock(&ch->sh->recv_lock);
+	rlock_unlock(&ch->sh->recv_lock);
 	if (ret)
 		goto out_segs;
 	if (w->len > cap) {

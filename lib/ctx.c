@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: LGPL-2.1-or-later
 /*
- * ctx.c - contexts, backend choice, error strings.  The backend is picked
- * here, once per context; everything else goes through ctx->ops.
+ * ctx.c - contexts, backend choice, error strings, the thread's -EINTR
+ * choice.  The backend is picked here, once per context; everything else
+ * goes through ctx->ops.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -12,6 +13,12 @@
 #include <unistd.h>
 
 #include "tshm-private.h"
+
+TSHM_EXPORT
+int tshm_thread_set_intr(int on)
+{
+	return intr_set(on);
+}
 
 TSHM_EXPORT
 const char *tshm_strerror(int err)

@@ -52,15 +52,17 @@ $(LIB_B)/libtshm.so: $(LIB_B)/$(LIB_SONAME)
 # libtshm.map stay global: a program (or a Python extension) that links
 # libtshm.a never meets the library's internal names (now_ns, fd_send, ...).
 # The build fails if any other symbol would be global.
-lib_exports = sed -n 's/^[[:space:]]*\(tshm_[a-z0-9_]*\);.*/\1/p' lib/libtshm.map
+# $(2): the map file, lib/libtshm.map by default (cuda/cuda.mk names its own).
+lib_exports = sed -n 's/^[[:space:]]*\(tshm_[a-z0-9_]*\);.*/\1/p' \
+	$(or $(1),lib/libtshm.map)
 define lib_archive
 	$(Q)rm -f $@ $@.o $@.syms
-	$(Q)$(call lib_exports) > $@.syms
+	$(Q)$(call lib_exports,$(2)) > $@.syms
 	$(Q)$(LD) -r -o $@.o $(1)
 	$(Q)$(OBJCOPY) --keep-global-symbols=$@.syms $@.o
 	$(Q)if $(NM) -g --defined-only $@.o | awk 'NF == 3 { print $$3 }' | \
 		grep -vxF -f $@.syms; then \
-		echo "$@: global symbols outside libtshm.map (above)" >&2; \
+		echo "$@: global symbols outside $(or $(2),lib/libtshm.map) (above)" >&2; \
 		rm -f $@.o; exit 1; fi
 	$(Q)$(AR) rcs $@ $@.o && rm -f $@.o $@.syms
 endef

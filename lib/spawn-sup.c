@@ -49,14 +49,6 @@ int spawn_pidfd_open(pid_t pid)
 #endif
 }
 
-int64_t spawn_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 char *spawn_fmt_int(char *p, long v)
 {
 	char tmp[24];
@@ -188,7 +180,8 @@ struct sup {
 	bool launching;		/* not every worker READY yet */
 	int terminating;	/* 0, or why (struct spawn_board) */
 	bool killed;		/* SIGKILL sent */
-	int64_t kill_at;
+	bool graced;			/* SIGTERM sent, SIGKILL at @kill_at */
+	struct deadline kill_at;
 	bool sock_open;
 	bool wsock_open;	/* some worker still holds the status socket */
 	bool changed;		/* tell the caller */
@@ -306,8 +299,9 @@ static void sup_terminate(struct sup *s, int why, bool now)
 		}
 		return;
 	}
-	if (!s->kill_at) {
-		s->kill_at = spawn_now_ns() + (int64_t)s->p->grace_ms * 1000000;
+	if (!s->graced) {
+		s->graced = true;
+		deadline_init(&s->kill_at, s->p->grace_ms);
 		sup_signal(s, SIGTERM);
 	}
 }
@@ -693,11 +687,8 @@ void sup_main(struct sup_plan *p)
 			pfd[n].fd = p->caller_pidfd;
 			pfd[n++].events = POLLIN;
 		}
-		if (s.kill_at && !s.killed) {
-			int64_t left = s.kill_at - spawn_now_ns();
-
-			timeout = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
-		}
+		if (s.graced && !s.killed)
+			timeout = deadline_poll_ms(&s.kill_at);
 		if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR) {
 			/*
 			 * Blind from here on: kill the set and die without
@@ -723,7 +714,7 @@ void sup_main(struct sup_plan *p)
 		}
 		if (isock >= 0 && pfd[isock].revents)
 			sup_commands(&s);
-		if (s.kill_at && !s.killed && spawn_now_ns() >= s.kill_at) {
+		if (s.graced && !s.killed && deadline_expired(&s.kill_at)) {
 			s.killed = true;
 			sup_signal(&s, SIGKILL);
 		}

@@ -881,22 +881,18 @@ static void reap_supervisor(struct tshm_procs *p)
 }
 
 /*
- * Wait for the supervisor to say something or go, until @dl_ns (INT64_MAX:
- * for ever, 0: do not wait).  Returns false on timeout.
+ * Wait for the supervisor to say something or go, until @dl (NULL: for
+ * ever).  Returns false on timeout.
  */
-static bool procs_wait(struct tshm_procs *p, int64_t dl_ns)
+static bool procs_wait(struct tshm_procs *p, const struct deadline *dl)
 {
 	struct pollfd pfd[2];
-	int n = 0, timeout;
+	int n = 0, timeout = -1;
 
-	if (dl_ns == INT64_MAX) {
-		timeout = -1;
-	} else {
-		int64_t left = dl_ns - spawn_now_ns();
-
-		if (left <= 0)
+	if (dl) {
+		if (deadline_expired(dl))
 			return false;
-		timeout = (int)((left + 999999) / 1000000);
+		timeout = deadline_poll_ms(dl);
 	}
 	pfd[n].fd = p->sock;
 	pfd[n++].events = POLLIN;
@@ -1046,7 +1042,7 @@ static int procs_wait_launch(struct tshm_procs *p)
 		}
 		if (board_phase(p) >= PHASE_RUNNING)
 			return 0;
-		procs_wait(p, INT64_MAX);
+		procs_wait(p, NULL);
 	}
 }
 
@@ -1258,7 +1254,7 @@ launched:
 	if (ret < 0) {
 		/* The supervisor killed and reaped what it started. */
 		while (!procs_update(p))
-			procs_wait(p, INT64_MAX);
+			procs_wait(p, NULL);
 		goto out;
 	}
 	*out = p;
@@ -1269,7 +1265,7 @@ out:
 		if (p->sock >= 0 && !p->done) {
 			procs_command(p, CMD_TERMINATE, 0);
 			while (!procs_update(p))
-				procs_wait(p, INT64_MAX);
+				procs_wait(p, NULL);
 		}
 		procs_free(p);
 	}
@@ -1347,7 +1343,8 @@ static int procs_join(struct tshm_procs *p, int timeout_ms,
 		      struct tshm_failure *failure)
 {
 	struct tshm_failure dummy;
-	int64_t start = spawn_now_ns(), dl;
+	int64_t start = now_ns();
+	struct deadline dl;
 	int ff;
 
 	if (!failure)
@@ -1355,7 +1352,7 @@ static int procs_join(struct tshm_procs *p, int timeout_ms,
 	memset(failure, 0, sizeof(*failure));
 	failure->rank = -1;
 	failure->exit_code = -1;
-	dl = timeout_ms < 0 ? INT64_MAX : start + (int64_t)timeout_ms * 1000000;
+	deadline_init(&dl, timeout_ms);
 
 	for (;;) {
 		bool waited;
@@ -1375,7 +1372,7 @@ static int procs_join(struct tshm_procs *p, int timeout_ms,
 			}
 			return 0;
 		}
-		waited = procs_wait(p, timeout_ms == 0 ? 0 : dl);
+		waited = procs_wait(p, &dl);
 		if (waited)
 			continue;
 		/* Out of time. */
@@ -1391,8 +1388,8 @@ static int procs_join(struct tshm_procs *p, int timeout_ms,
 			return -ECANCELED;
 		}
 		fill_failure(p, lowest_running(p), failure,
-			     (int)((spawn_now_ns() - start) / 1000000));
-		return timeout_ms == 0 ? -EAGAIN : -ETIMEDOUT;
+			     (int)((now_ns() - start) / 1000000));
+		return deadline_err(&dl);
 	}
 }
 
@@ -1446,7 +1443,7 @@ TSHM_EXPORT void tshm_procs_destroy(struct tshm_procs *p)
 	if (p->owner == getpid() && !procs_update(p)) {
 		procs_command(p, CMD_TERMINATE, 0);
 		while (!procs_update(p))
-			procs_wait(p, INT64_MAX);
+			procs_wait(p, NULL);
 	}
 	procs_free(p);
 }

@@ -236,7 +236,6 @@ bool spawn_forkserver_knows(const struct tshm_forkserver *fs, const void *fn);
 
 /* Small helpers shared by the three files. */
 int spawn_pidfd_open(pid_t pid);
-int64_t spawn_now_ns(void);
 /* Async-signal-safe decimal formatting; returns the end of the digits. */
 char *spawn_fmt_int(char *p, long v);
 

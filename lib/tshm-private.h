@@ -17,6 +17,10 @@
 
 #include "tshm.h"
 #include "backend.h"
+#include "deadline.h"
+#include "futex.h"
+#include "rlock.h"
+#include "scm.h"
 
 #define TSHM_EXPORT	__attribute__((visibility("default")))
 #define likely(x)	__builtin_expect(!!(x), 1)
@@ -189,84 +193,12 @@ void pool_notifier_put(struct pool_notifier *n);
 /* The module context that holds a queue's in-flight grants. */
 int queue_grant_fd(const struct tshm_queue *q);
 
-/* ---- checks on received fds: 0 or -EBADMSG (or fstat's errno) ---- */
+/* ---- checks on received fds (scm.h has the others) ---- */
 
-/* A regular file sealed against shrinking and growing (*@st filled). */
+/*
+ * 0 or -EBADMSG (or fstat's errno): a regular file sealed against
+ * shrinking and growing (*@st filled).
+ */
 int memfd_check_sealed(int fd, struct stat *st);
-int fd_check_socket(int fd, int type);
-int fd_check_eventfd(int fd);
-
-/* ---- fd passing ---- */
-
-/*
- * Whether @n more fds can be opened now (0, or -EMFILE): asked before a
- * receive that consumes a message whose fds would otherwise be dropped
- * (MSG_CTRUNC).  Another thread opening fds in between can still take the
- * room; that case is reported as a corrupted message.
- */
-int fd_reserve(int fd, unsigned n);
-
-int fd_send(int sock, const void *buf, size_t len, const int *fds,
-	    unsigned nfds, int flags);
-/*
- * Receive one message and its fds.  *@nfds: in, room; out, received (fds
- * beyond the room are closed, giving -EBADMSG).  Returns bytes or -errno.
- */
-ssize_t fd_recv(int sock, void *buf, size_t len, int *fds, unsigned *nfds,
-		int flags);
-
-/* ---- time and futexes ---- */
-
-struct deadline {
-	int64_t ns;	/* CLOCK_MONOTONIC, or INT64_MAX for ever */
-	bool nowait;
-};
-
-int64_t now_ns(void);
-void deadline_init(struct deadline *dl, int timeout_ms);
-/* Milliseconds left for poll(): -1 for ever, 0 expired. */
-int deadline_poll_ms(const struct deadline *dl);
-bool deadline_expired(const struct deadline *dl);
-/* -EAGAIN for a zero timeout, -ETIMEDOUT otherwise. */
-int deadline_err(const struct deadline *dl);
-
-/*
- * Sleeps.  Each returns 0 when woken, the value changed or a signal came
- * (the caller re-checks), -ETIMEDOUT at @dl, and -EINTR for a signal when
- * the thread asked for it (tshm_thread_set_intr()).
- */
-bool intr_enabled(void);
-int futex_wait_until(_Atomic uint32_t *word, uint32_t val,
-		     const struct deadline *dl);
-/*
- * The same, but never longer than TSHM_SLEEP_SLICE_MS (then 0): a sleep
- * whose waker may have died re-checks what it waits for by itself.
- */
-#define TSHM_SLEEP_SLICE_MS	100
-int futex_wait_slice(_Atomic uint32_t *word, uint32_t val,
-		     const struct deadline *dl);
-void futex_wake_all(_Atomic uint32_t *word);
-/* poll() until @dl: ready count, 0 (timeout or restart) or -errno. */
-int wait_poll(struct pollfd *pfd, unsigned n, const struct deadline *dl);
-
-/* Process-local lock with deadline- and signal-aware waits. */
-struct tlock {
-	_Atomic uint32_t word;
-};
-#define TLOCK_INIT	{ 0 }
-/* 0, -EAGAIN / -ETIMEDOUT at @dl, or -EINTR. */
-int tlock_lock(struct tlock *l, const struct deadline *dl);
-void tlock_unlock(struct tlock *l);
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield" ::: "memory");
-#else
-	__asm__ __volatile__("" ::: "memory");
-#endif
-}
 
 #endif /* _TSHM_PRIVATE_H */
