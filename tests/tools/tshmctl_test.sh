@@ -18,9 +18,9 @@ KO=${TSHM_MODULE:-$B/kmod/tshm.ko} KO_ARGS=()
 KO_FROM="the file next to tshmctl"
 [ "$KO" -ef "$B/kmod/tshm.ko" ] || KO_ARGS=(--module "$KO") KO_FROM="--module $KO"
 
-ktap_plan 46
+ktap_plan 47
 if [ "$(id -u)" != 0 ] || [ ! -e /proc/tshm ] || [ ! -x "$T" ] || [ ! -x "$H" ]; then
-	for _ in $(seq 46); do ktap_skip "tshmctl" "needs root, tshm.ko loaded, $T and $H built"; done
+	for _ in $(seq 47); do ktap_skip "tshmctl" "needs root, tshm.ko loaded, $T and $H built"; done
 	ktap_done
 	exit 4
 fi
@@ -209,6 +209,17 @@ run m4 "${NOBODY[@]}" "$T" load
 ktap_check "nobody: load refused, exit 1, says root is needed" eval '[ $rc = 1 ] && has m4.err "needs root" && [ ! -e /proc/tshm ]'
 run m5 "$T" load --module "$tmp/none.ko"
 ktap_check "load of a missing file: exit 1" eval '[ $rc = 1 ] && has m5.err "none.ko: No such file"'
+
+# --- load with no --module: the build for the running kernel ------------
+# (build/kmod is 6.1's; on 6.12 it must take build/kmod-6.12, on the debug
+# kernel build/kmod-debug: the one whose vermagic names uname -r.)
+run d1 "$T" load
+dko=$(sed -n 's/^tshm: loaded \([^ ]*\).*/\1/p' "$tmp/d1.out")
+dvm=$([ -n "$dko" ] && modinfo -F vermagic "$dko")
+echo "# load with no --module took $dko ($dvm)"
+ktap_check "load with no --module: the build for $(uname -r)" \
+	eval '[ $rc = 0 ] && [ -e /proc/tshm ] && [ "${dvm%% *}" = "$(uname -r)" ]'
+run d2 "$T" unload
 
 # --- load with parameters ----------------------------------------------
 run p1 "$T" load --module "$KO" max_user_segments=77 max_user_bytes=1G

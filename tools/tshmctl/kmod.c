@@ -2,20 +2,24 @@
 /*
  * tshmctl: loading and unloading tshm.ko through libkmod.
  *
- * The module file is, in order: the one given with --module; the one
- * built next to this binary (build/tools/tshmctl -> build/kmod/tshm.ko);
- * the one installed for the running kernel (modules.dep, as modprobe
- * finds it).  PARAM=VALUE arguments are checked against the parameters
- * the file declares (its modinfo), so a typo is an error instead of the
- * kernel's "unknown parameter ignored"; integer values take K, M, G, T
- * suffixes (powers of 1024).
+ * The module file is, in order: the one given with --module; one built
+ * next to this binary for the running kernel (build/tools/tshmctl ->
+ * build/kmod or build/kmod-K, whichever tshm.ko has a vermagic that names
+ * uname -r: build/kmod is 6.1's, build/kmod-6.12 6.12's; the newest if
+ * several); the one installed for the running kernel (modules.dep, as
+ * modprobe finds it).  PARAM=VALUE arguments are checked against the
+ * parameters the file declares (its modinfo), so a typo is an error
+ * instead of the kernel's "unknown parameter ignored"; integer values take
+ * K, M, G, T suffixes (powers of 1024).
  */
 #include <errno.h>
+#include <glob.h>
 #include <libgen.h>
 #include <libkmod.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <syslog.h>
 #include <unistd.h>
@@ -149,13 +153,80 @@ static int build_options(struct kmod_module *mod, const char *path,
 	return 0;
 }
 
+/* True if @mod was built for kernel @release: its vermagic is "RELEASE ...". */
+static bool built_for(struct kmod_module *mod, const char *release)
+{
+	struct kmod_list *info = NULL, *l;
+	size_t n = strlen(release);
+	bool match = false;
+
+	if (kmod_module_get_info(mod, &info) < 0)
+		return false;
+	kmod_list_foreach(l, info) {
+		const char *val = kmod_module_info_get_value(l);
+
+		if (!strcmp(kmod_module_info_get_key(l), "vermagic") && val &&
+		    !strncmp(val, release, n) && val[n] == ' ')
+			match = true;
+	}
+	kmod_module_info_free_list(info);
+	return match;
+}
+
+/*
+ * The newest tshm.ko built next to this binary (build/kmod, build/kmod-K)
+ * for the running kernel, into @where and @mod; false if none.
+ */
+static bool find_built(struct kmod_ctx *ctx, struct kmod_module **mod,
+		       char *where, size_t len)
+{
+	char exe[PATH_MAX], pat[PATH_MAX + 32], real[PATH_MAX];
+	struct timespec newest = { 0 };
+	bool found = false;
+	struct utsname u;
+	glob_t g;
+	size_t i;
+	ssize_t n;
+
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n <= 0 || uname(&u))
+		return false;
+	exe[n] = 0;
+	snprintf(pat, sizeof(pat), "%s/../kmod*/%s.ko", dirname(exe),
+		 TSHM_MODNAME);
+	if (glob(pat, 0, NULL, &g))
+		return false;
+	for (i = 0; i < g.gl_pathc; i++) {
+		struct kmod_module *m = NULL;
+		struct stat st;
+		bool match;
+
+		if (!realpath(g.gl_pathv[i], real) || stat(real, &st))
+			continue;
+		if (found && (st.st_mtim.tv_sec < newest.tv_sec ||
+			      (st.st_mtim.tv_sec == newest.tv_sec &&
+			       st.st_mtim.tv_nsec <= newest.tv_nsec)))
+			continue;
+		/* libkmod keeps one module per name: look, then let go. */
+		if (kmod_module_new_from_path(ctx, real, &m))
+			continue;
+		match = built_for(m, u.release);
+		kmod_module_unref(m);
+		if (match) {
+			snprintf(where, len, "%s", real);
+			newest = st.st_mtim;
+			found = true;
+		}
+	}
+	globfree(&g);
+	return found && !kmod_module_new_from_path(ctx, where, mod);
+}
+
 /* The module file to load: see the comment at the top. */
 static int find_module(struct kmod_ctx *ctx, const char *path,
 		       struct kmod_module **mod, char *where, size_t len)
 {
 	struct kmod_list *list = NULL, *l;
-	char exe[PATH_MAX];
-	ssize_t n;
 
 	if (path) {
 		if (access(path, R_OK)) {
@@ -165,17 +236,8 @@ static int find_module(struct kmod_ctx *ctx, const char *path,
 		snprintf(where, len, "%s", path);
 		return kmod_module_new_from_path(ctx, path, mod) ? EXIT_FAIL : 0;
 	}
-	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-	if (n > 0) {
-		exe[n] = 0;
-		snprintf(where, len, "%s/../kmod/%s.ko", dirname(exe),
-			 TSHM_MODNAME);
-		if (!access(where, R_OK) && realpath(where, exe)) {
-			snprintf(where, len, "%s", exe);
-			return kmod_module_new_from_path(ctx, where, mod) ?
-				EXIT_FAIL : 0;
-		}
-	}
+	if (find_built(ctx, mod, where, len))
+		return 0;
 	if (kmod_module_new_from_lookup(ctx, TSHM_MODNAME, &list) >= 0) {
 		kmod_list_foreach(l, list) {
 			struct kmod_module *m = kmod_module_get_module(l);
@@ -194,7 +256,7 @@ static int find_module(struct kmod_ctx *ctx, const char *path,
 		struct utsname u;
 
 		uname(&u);
-		errmsg("load: no %s.ko: not built next to tshmctl and not installed for kernel %s (make install, or --module FILE)",
+		errmsg("load: no %s.ko for kernel %s: none built next to tshmctl for it and none installed (make kmod KVER=..., make install, or --module FILE)",
 		       TSHM_MODNAME, u.release);
 		return EXIT_FAIL;
 	}
