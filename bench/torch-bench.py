@@ -5,16 +5,21 @@
   PYTHONPATH=build/python bench/torch-bench.py [--quick]
 
 Rows:
-* queue latency: a tensor through a torch.multiprocessing Queue to a
-  worker, which answers with a small int on a second queue; the time of
-  that round trip per tensor (4 KiB, 1 MiB, 64 MiB), the same tensor
-  re-sent or a fresh one each time;
-* DataLoader throughput (batches/s, 2 workers, fork): items of (a) one
+* queue latency: a tensor through a Queue to a worker, which answers with
+  a small int on a second queue; the time of that round trip per tensor
+  (4 KiB, 1 MiB, 64 MiB), the same tensor re-sent or a fresh one each
+  time.  The queues are those each strategy's user makes: torch's
+  (multiprocessing's, a pipe) for file_descriptor and file_system,
+  tshm.torch.get_context("fork").Queue() for tshm;
+* DataLoader throughput (batches/s, 2 workers, fork; tshm with
+  multiprocessing_context=tshm.torch.get_context("fork")): items of (a) one
   16 MiB tensor, (b) a dict of 64 small tensors (256 floats each),
   batch_size 4;
-* spawn of 1, 4 and 16 workers to all joined (fn does nothing):
-  torch.multiprocessing.spawn in both torch columns (the strategy does not
-  matter to it), tshm.torch.spawn in the tshm column.
+* spawn of 1, 4 and 16 workers to all joined (fn does nothing): in these
+  rows the first column is torch.multiprocessing.spawn (start method
+  "spawn", torch's default), the second torch's start_processes with
+  "fork", the tshm column tshm.torch.spawn with the start method the row
+  names.
 
 Columns: file_descriptor, file_system, tshm, and the ratios of tshm to
 each (how many times faster tshm is).  Medians of repeated runs where
@@ -50,9 +55,18 @@ def _echo(q, r):
         del t
 
 
+def context(strategy):
+    """What a user of each strategy passes to DataLoader and makes queues
+    with: multiprocessing's fork context (torch.multiprocessing.Queue is
+    its Queue), or tshm.torch's."""
+    if strategy == "tshm":
+        return tshm.torch.get_context("fork")
+    return mp.get_context("fork")
+
+
 def queue_latency(strategy, nbytes, resend, iters):
     use(strategy)
-    ctx = mp.get_context("fork")
+    ctx = context(strategy)
     q, r = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=_echo, args=(q, r))
     p.start()
@@ -91,8 +105,7 @@ class Small(Dataset):
 
 def loader_rate(strategy, ds):
     use(strategy)
-    ctx = (tshm.torch.get_context("fork") if strategy == "tshm"
-           else mp.get_context("fork"))
+    ctx = context(strategy)
     dl = DataLoader(ds, batch_size=4, num_workers=2,
                     multiprocessing_context=ctx, persistent_workers=False)
     it = iter(dl)
@@ -108,13 +121,15 @@ def _noop(rank):
     pass
 
 
-def spawn_time(strategy, nprocs):
-    use(strategy)
+def spawn_time(who, method, nprocs):
+    """torch.multiprocessing's start_processes (spawn is start_processes
+    with "spawn") or tshm.torch.spawn, start method method."""
+    use("tshm" if who == "tshm" else "file_descriptor")
     t0 = time.perf_counter()
-    if strategy == "tshm":
-        tshm.torch.spawn(_noop, nprocs=nprocs)
+    if who == "tshm":
+        tshm.torch.spawn(_noop, nprocs=nprocs, start_method=method)
     else:
-        tmp.spawn(_noop, nprocs=nprocs)
+        tmp.start_processes(_noop, nprocs=nprocs, start_method=method)
     return time.perf_counter() - t0
 
 
@@ -141,9 +156,12 @@ def main():
         vals = [loader_rate(s, ds) for s in STRATEGIES]
         rows.append((label + " batches/s", vals, "rate"))
     for n in (1, 4, 16):
-        fd = spawn_time("file_descriptor", n)
-        ts = spawn_time("tshm", n)
-        rows.append((f"spawn {n} to joined", [fd, fd, ts], "time"))
+        # Columns here: torch "spawn", torch "fork", tshm.
+        sp = spawn_time("torch", "spawn", n)
+        fk = spawn_time("torch", "fork", n)
+        for m in ("spawn", "fork"):
+            rows.append((f"spawn {n} to joined, tshm {m}",
+                         [sp, fk, spawn_time("tshm", m, n)], "time"))
 
     print(f"torch {torch.__version__}, tshm backend "
           f"{tshm.default_context().backend}, {os.cpu_count()} CPUs")

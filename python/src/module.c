@@ -178,6 +178,9 @@ PyMODINIT_FUNC PyInit__tshm(void)
 	    add_type(m, &TshmProcs_Type, "_Procs") < 0 ||
 	    PyModule_AddIntConstant(m, "QUEUE_MAX_SEGS", TSHM_QUEUE_MAX_SEGS) ||
 	    PyModule_AddIntConstant(m, "SEG_NAME_MAX", TSHM_SEG_NAME_MAX) ||
+	    PyModule_AddIntConstant(m, "WAIT_ADAPTIVE", TSHM_WAIT_ADAPTIVE) ||
+	    PyModule_AddIntConstant(m, "WAIT_FUTEX", TSHM_WAIT_FUTEX) ||
+	    PyModule_AddIntConstant(m, "WAIT_SPIN", TSHM_WAIT_SPIN) ||
 	    PyModule_AddIntConstant(m, "EVENT_SIZE", sizeof(struct tshm_event)) ||
 	    PyModule_AddIntConstant(m, "BARRIER_SIZE",
 				    sizeof(struct tshm_barrier))) {

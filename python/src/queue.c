@@ -333,6 +333,19 @@ static PyObject *queue_recv_fd(PyObject *cls, PyObject *args, PyObject *kwds)
 	return (PyObject *)self;
 }
 
+static PyObject *queue_set_wait(TshmQueue *self, PyObject *args)
+{
+	unsigned int spin_us = 0;
+	int policy, ret;
+
+	if (!PyArg_ParseTuple(args, "i|I:set_wait", &policy, &spin_us))
+		return NULL;
+	ret = tshm_queue_set_wait(self->q, (enum tshm_wait)policy, spin_us);
+	if (ret < 0)
+		return pytshm_raise(ret, NULL);
+	Py_RETURN_NONE;
+}
+
 static PySequenceMethods queue_as_sequence = {
 	.sq_length = (lenfunc)queue_length,
 };
@@ -354,6 +367,10 @@ static PyMethodDef queue_methods[] = {
 	  "Acknowledge the calling thread's last message (see recv)." },
 	{ "close", (PyCFunction)queue_close, METH_NOARGS,
 	  "Close for every process: sends fail, receivers drain then fail." },
+	{ "set_wait", (PyCFunction)queue_set_wait, METH_VARARGS,
+	  "set_wait(policy, spin_us=0): how this process waits on the queue\n\n"
+	  "WAIT_ADAPTIVE (spin spin_us, then sleep), WAIT_FUTEX (sleep at\n"
+	  "once) or WAIT_SPIN; local to this process and this object." },
 	{ "_send_fd", (PyCFunction)queue_send_fd, METH_O,
 	  "_send_fd(sock): send the queue over a connected AF_UNIX socket." },
 	{ "_recv_fd", (PyCFunction)(void (*)(void))queue_recv_fd,

@@ -16,6 +16,15 @@
  * The argv is copied into the spawn attributes as one blob (the library
  * copies it for every worker); the child only walks it and execs: no
  * allocation between fork and exec.
+ *
+ * With a target instead of an argv, the workers run Python in a fork of
+ * this interpreter (the "fork" start method of tshm.torch.spawn): the
+ * library forks its supervisor while the calling thread holds the GIL,
+ * between PyOS_BeforeFork() and PyOS_AfterFork_Parent() as os.fork() does,
+ * and each worker, a fork of that supervisor and so of this thread, calls
+ * PyOS_AfterFork_Child() and then target(rank, nprocs), whose result is its
+ * exit status.  Safe where os.fork() is: not once the interpreter has
+ * threads that hold locks, or CUDA.
  */
 #include "pytshm.h"
 
@@ -63,6 +72,27 @@ static int exec_entry(int rank, int nprocs, void *arg)
 	argv[i] = NULL;
 	execv(argv[0], argv);
 	tshm_worker_fail("exec %s: %s", argv[0], strerror(errno));
+}
+
+/* The callable fork workers run; set only while tshm_spawn() forks. */
+static PyObject *fork_target;
+
+/* Runs in a forked worker (GIL held: see the top of this file). */
+static int python_entry(int rank, int nprocs, void *arg)
+{
+	PyObject *res;
+	long code = 1;
+
+	(void)arg;
+	PyOS_AfterFork_Child();
+	res = PyObject_CallFunction(fork_target, "ii", rank, nprocs);
+	if (res) {
+		code = PyLong_Check(res) ? PyLong_AsLong(res) : 1;
+		Py_DECREF(res);
+	}
+	if (PyErr_Occurred())
+		PyErr_Print();
+	return code >= 0 && code <= 255 ? (int)code : 1;
 }
 
 /* argv (a sequence of str) as the blob exec_entry() reads. */
@@ -156,8 +186,8 @@ static int set_envs(struct tshm_spawn_attr *attr, PyObject *env)
 static PyObject *procs_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "argv", "nprocs", "threads", "env",
-				  "grace_ms", NULL };
-	PyObject *argv, *env = Py_None;
+				  "grace_ms", "target", NULL };
+	PyObject *argv, *env = Py_None, *target = Py_None;
 	int nprocs, threads = 0, grace_ms = TSHM_SPAWN_GRACE_MS, ret;
 	struct tshm_spawn_attr *attr = NULL;
 	struct tshm_procs *procs = NULL;
@@ -165,12 +195,22 @@ static PyObject *procs_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 	size_t len = 0;
 	char *blob;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|iOi", kwlist, &argv,
-					 &nprocs, &threads, &env, &grace_ms))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|iOiO", kwlist, &argv,
+					 &nprocs, &threads, &env, &grace_ms,
+					 &target))
 		return NULL;
-	blob = argv_blob(argv, &len);
-	if (!blob)
-		return NULL;
+	if (target != Py_None) {
+		if (argv != Py_None || !PyCallable_Check(target)) {
+			PyErr_SetString(PyExc_TypeError,
+					"target must be callable, with argv None");
+			return NULL;
+		}
+		blob = NULL;
+	} else {
+		blob = argv_blob(argv, &len);
+		if (!blob)
+			return NULL;
+	}
 	ret = tshm_spawn_attr_create(&attr);
 	if (ret < 0) {
 		pytshm_raise(ret, "tshm_spawn_attr_create");
@@ -180,8 +220,9 @@ static PyObject *procs_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 	if (!ret)
 		ret = tshm_spawn_attr_set_method(attr, TSHM_START_FORK);
 	if (!ret)
-		ret = tshm_spawn_attr_set_fn(attr, exec_entry);
-	if (!ret)
+		ret = tshm_spawn_attr_set_fn(attr, blob ? exec_entry
+						   : python_entry);
+	if (!ret && blob)
 		ret = tshm_spawn_attr_set_arg(attr, blob, len);
 	if (!ret)
 		ret = tshm_spawn_attr_set_threads(attr, threads);
@@ -193,9 +234,18 @@ static PyObject *procs_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 	}
 	if (set_envs(attr, env) < 0)
 		goto out;
-	Py_BEGIN_ALLOW_THREADS
-	ret = tshm_spawn(NULL, attr, &procs);
-	Py_END_ALLOW_THREADS
+	if (blob) {
+		Py_BEGIN_ALLOW_THREADS
+		ret = tshm_spawn(NULL, attr, &procs);
+		Py_END_ALLOW_THREADS
+	} else {
+		/* The GIL stays held: the workers are forks of this thread. */
+		fork_target = target;
+		PyOS_BeforeFork();
+		ret = tshm_spawn(NULL, attr, &procs);
+		PyOS_AfterFork_Parent();
+		fork_target = NULL;
+	}
 	if (ret < 0) {
 		pytshm_raise(ret, "tshm_spawn");
 		goto out;

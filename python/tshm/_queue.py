@@ -203,6 +203,11 @@ class Queue:
     processes you trust.
     """
 
+    #: The picklers a message is made with: the fast one, then the one
+    #: that moves every bytes object out of band (subclasses may add
+    #: reducers, as tshm.torch does with multiprocessing's).
+    _encoders = (_Encoder, _SlowEncoder)
+
     def __init__(self, maxsize=64, max_msg=65536, ctx=None, *,
                  oob_threshold=OOB_THRESHOLD):
         self._setup(_Queue(maxsize, max_msg, ctx), oob_threshold, ctx)
@@ -221,8 +226,8 @@ class Queue:
         """The message for obj; the fd handles its pickle made (nested
         Queues) are appended to handles."""
         room = self._max_msg
-        for cls, threshold in ((_Encoder, self._threshold),
-                               (_SlowEncoder, 1)):
+        fast, slow = self._encoders
+        for cls, threshold in ((fast, self._threshold), (slow, 1)):
             f = io.BytesIO()
             enc = _Split(threshold, QUEUE_MAX_SEGS)
             with _reduction.withdrawn_unless_kept() as made:
@@ -363,14 +368,17 @@ class Queue:
 
     def __reduce__(self):
         handle = _reduction.send_over_socket(self._raw._send_fd)
-        return _rebuild_queue, (handle, self._threshold)
+        if type(self) is Queue:
+            return _rebuild_queue, (handle, self._threshold)
+        return _rebuild_queue, (handle, self._threshold, type(self))
 
     def __repr__(self):
         return (f"<tshm.Queue maxsize={self.maxsize} "
                 f"max_msg={self._max_msg} qsize={self.qsize()}>")
 
 
-def _rebuild_queue(handle, threshold):
-    q = Queue.__new__(Queue)
+def _rebuild_queue(handle, threshold, cls=None):
+    cls = Queue if cls is None else cls
+    q = cls.__new__(cls)
     q._setup(_reduction.recv_over_socket(handle, _Queue._recv_fd), threshold)
     return q

@@ -2,12 +2,15 @@
 """Type stubs for the _tshm extension (python/src)."""
 
 import queue
-from typing import Dict, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 from _typeshed import ReadableBuffer
 from typing_extensions import Self
 
 QUEUE_MAX_SEGS: int
+WAIT_ADAPTIVE: int
+WAIT_FUTEX: int
+WAIT_SPIN: int
 SEG_NAME_MAX: int
 EVENT_SIZE: int
 BARRIER_SIZE: int
@@ -63,6 +66,7 @@ class Pool:
 class _Queue:
     def __init__(self, capacity: int, max_msg: int,
                  ctx: Optional[Context] = ...) -> None: ...
+    def set_wait(self, policy: int, spin_us: int = ...) -> None: ...
     @property
     def capacity(self) -> int: ...
     @property
@@ -83,9 +87,12 @@ def _event_op(segment: Segment, op: int, timeout_ms: int) -> int: ...
 def _barrier_op(segment: Segment, arg: int, init: bool) -> int: ...
 
 class _Procs:
-    def __init__(self, argv: Sequence[str], nprocs: int, threads: int = ...,
+    def __init__(self, argv: Optional[Sequence[str]], nprocs: int,
+                 threads: int = ...,
                  env: Optional[Dict[str, Optional[str]]] = ...,
-                 grace_ms: int = ...) -> None: ...
+                 grace_ms: int = ...,
+                 target: Optional[Callable[[int, int], int]] = ...
+                 ) -> None: ...
     def join(self, timeout: Optional[float] = ...
              ) -> Union[None, Literal[False],
                         Tuple[int, int, int, int, str, str]]: ...

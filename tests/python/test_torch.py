@@ -7,6 +7,11 @@ allocation from tshm segments (small storages sub-allocated), and
 DataLoader workers through tshm.torch.get_context() for every start
 method.  Skipped where Debian's python3-torch is missing."""
 
+import queue
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -248,3 +253,85 @@ def test_cuda_skips_without_gpu():
                     "libtshm-cuda")
     pytest.fail("tshm.torch.cuda (libtshm-cuda + DLPack) is not built yet")
 
+
+
+RESEND_SCRIPT = textwrap.dedent("""
+    import os, sys, torch, tshm.torch
+    from multiprocessing import resource_sharer
+
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    def keep(q, r, n):
+        kept = [q.get()]                    # the first one may attach
+        before = fds()
+        for _ in range(n - 1):
+            kept.append(q.get())
+        same = all(k.data_ptr() == kept[0].data_ptr() for k in kept)
+        r.put((before, fds(), same))
+        kept.clear()
+
+    if __name__ == "__main__":
+        tshm.torch.install()
+        ctx = tshm.torch.get_context(sys.argv[1])
+        for nbytes in (4096, 1 << 20):
+            q, r = ctx.Queue(), ctx.Queue()
+            p = ctx.Process(target=keep, args=(q, r, 50))
+            p.start()
+            x = torch.ones(nbytes // 4)
+            for _ in range(50):
+                q.put(x)
+            before, after, same = r.get(timeout=120)
+            p.join(60)
+            print(nbytes, before, after, same, p.exitcode)
+        rs = resource_sharer._resource_sharer
+        print("resource sharer", "started" if rs._listener else "idle")
+""")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_resend_takes_no_fd_and_no_resource_sharer(method, tmp_path):
+    """A tensor re-sent through a tshm.torch context's Queue goes by
+    reference in the queue's own segment passing: the receiver, which
+    keeps every copy, holds no new fd after the first, and the sender
+    never starts multiprocessing's resource sharer (torch's queues, a
+    pipe, send each storage's fd through it on every put)."""
+    script = tmp_path / "resend.py"
+    script.write_text(RESEND_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), method],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    for line, nbytes in zip(lines, (4096, 1 << 20)):
+        n, before, after, same, code = line.split()
+        assert (int(n), int(after), same, code) == \
+            (nbytes, int(before), "True", "0"), line
+    assert lines[-1] == "resource sharer idle"
+
+
+def test_context_queue_api():
+    """multiprocessing.Queue's API: maxsize bounds it, close() lets go of
+    this handle only, the feeder-thread calls exist, and an object whose
+    pickle is bigger than a message still arrives (spilled)."""
+    ctx = tshm.torch.get_context("fork")
+    q = ctx.Queue(2)
+    q.put(1)
+    q.put_nowait(2)
+    assert q.full() and q.qsize() == 2
+    with pytest.raises(queue.Full):
+        q.put(3, timeout=0.01)
+    q.cancel_join_thread()
+    q.close()
+    q.join_thread()
+    assert q.get() == 1 and q.get_nowait() == 2
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.01)
+    big = list(range(300000))                    # far beyond max_msg
+    t = torch.arange(10)
+    q.put((big, t))
+    got, gt = q.get(timeout=10)
+    assert got == big and torch.equal(gt, t)
+    sq = ctx.SimpleQueue()
+    sq.put(t)
+    assert sq.empty() is False and torch.equal(sq.get(), t)
+    assert isinstance(ctx.Queue(), tshm.torch._mpqueue.Queue)

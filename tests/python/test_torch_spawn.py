@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: GPL-2.0
 """tshm.torch.spawn: torch.multiprocessing.spawn's contract on libtshm's
-supervisor: a worker's traceback comes back and the rest are terminated,
-no worker outlives a SIGKILLed parent, the thread budget, tensors in args,
-and a 2-rank gloo job whose ranks iterate tshm DataLoaders.
+supervisor, for each start method: a worker's traceback comes back and the
+rest are terminated, no worker outlives a SIGKILLed parent, the thread
+budget, tensors in args, and a 2-rank gloo job whose ranks iterate tshm
+DataLoaders.
 
-Host only: every worker is a fresh interpreter importing torch, which
-takes half a minute each in the emulated VM, and nothing here depends on
-the backend."""
+"spawn" on the host only: every worker is a fresh interpreter importing
+torch, which takes half a minute each in the emulated VM.  "fork" starts
+with torch imported and runs in the VM too."""
 
 import os
 import signal
@@ -24,8 +25,9 @@ import tshm  # noqa: E402
 import tshm.torch  # noqa: E402
 from conftest import IN_VM  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    IN_VM, reason="host only: a spawned worker imports torch (30 s in the VM)")
+METHODS = [pytest.param("spawn", marks=pytest.mark.skipif(
+    IN_VM, reason="host only: a spawned worker imports torch (30 s in the "
+    "VM)")), "fork"]
 
 
 def alive(pid):
@@ -43,10 +45,12 @@ def _fail_rank_2(rank, q):
     time.sleep(600)
 
 
-def test_exception_comes_back_and_terminates_the_rest():
+@pytest.mark.parametrize("method", METHODS)
+def test_exception_comes_back_and_terminates_the_rest(method):
     q = tshm.Queue()
     t0 = time.monotonic()
-    ctx = tshm.torch.spawn(_fail_rank_2, args=(q,), nprocs=4, join=False)
+    ctx = tshm.torch.spawn(_fail_rank_2, args=(q,), nprocs=4, join=False,
+                           start_method=method)
     pids = ctx.pids()
     with pytest.raises(ProcessRaisedException) as info:
         while not ctx.join(60):
@@ -65,36 +69,60 @@ def _report(rank, q, x):
            torch.multiprocessing.get_sharing_strategy()))
 
 
-def _reports(nprocs, x):
+def _reports(nprocs, x, method):
     q = tshm.Queue()
-    assert tshm.torch.spawn(_report, args=(q, x), nprocs=nprocs) is None
+    assert tshm.torch.spawn(_report, args=(q, x), nprocs=nprocs,
+                            start_method=method) is None
     return sorted(q.get(timeout=10) for _ in range(nprocs))
 
 
-def test_thread_budget_and_tensor_args():
+@pytest.mark.parametrize("method", METHODS)
+def test_thread_budget_and_tensor_args(method):
     tshm.torch.install()
+    threads = torch.get_num_threads()
     try:
         usable = len(os.sched_getaffinity(0))
-        x = torch.zeros(4)
-        got = _reports(2, x)
+        # Shared memory, as with torch: a forked worker inherits args
+        # without pickling, so only a shared tensor is shared.
+        x = torch.zeros(4).share_memory_()
+        got = _reports(2, x, method)
         budget = max(1, usable // 2)
         assert got == [(r, budget, str(budget), "tshm") for r in range(2)]
         assert torch.equal(x, torch.full((4,), 1.0))   # 0 + 1
         os.environ["OMP_NUM_THREADS"] = "3"            # the caller's wins
         try:
-            got = _reports(2, torch.zeros(1))
+            got = _reports(2, torch.zeros(1), method)
         finally:
             del os.environ["OMP_NUM_THREADS"]
         assert [g[1:3] for g in got] == [(3, "3")] * 2
+        assert torch.get_num_threads() == threads   # the caller's own
     finally:
         tshm.torch.uninstall()
 
 
+def _exit_3(rank):
+    if rank == 1:
+        sys.exit(3)
+
+
 def test_exit_status_and_bad_arguments():
     with pytest.raises(ValueError, match="start_method"):
-        tshm.torch.spawn(_report, nprocs=1, start_method="fork")
+        tshm.torch.spawn(_report, nprocs=1, start_method="forkserver")
     with pytest.raises(ValueError):
         tshm.torch.spawn(_report, nprocs=0)
+
+
+def test_fork_worker_exit_status_and_closure():
+    """A forked worker runs what is in memory (a closure, no pickling) and
+    its sys.exit() status comes back as torch's ProcessExitedException."""
+    from torch.multiprocessing import ProcessExitedException
+    seen = tshm.Queue()
+    tshm.torch.spawn(lambda rank: seen.put(rank), nprocs=3,
+                     start_method="fork")
+    assert sorted(seen.get(timeout=10) for _ in range(3)) == [0, 1, 2]
+    with pytest.raises(ProcessExitedException) as info:
+        tshm.torch.spawn(_exit_3, nprocs=2, start_method="fork")
+    assert info.value.error_index == 1 and info.value.exit_code == 3
 
 
 PARENT = textwrap.dedent("""
@@ -103,14 +131,15 @@ PARENT = textwrap.dedent("""
         print("worker", os.getpid(), flush=True)
         time.sleep(600)
     if __name__ == "__main__":
-        tshm.torch.spawn(sleeper, nprocs=3)
+        tshm.torch.spawn(sleeper, nprocs=3, start_method=sys.argv[1])
 """)
 
 
-def test_workers_never_outlive_a_sigkilled_parent(tmp_path):
+@pytest.mark.parametrize("method", METHODS)
+def test_workers_never_outlive_a_sigkilled_parent(tmp_path, method):
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
-    p = subprocess.Popen([sys.executable, str(script)],
+    p = subprocess.Popen([sys.executable, str(script), method],
                          stdout=subprocess.PIPE, text=True)
     pids = []
     try:
@@ -161,6 +190,8 @@ def _gloo_rank(rank, port, q):
     dist.destroy_process_group()
 
 
+@pytest.mark.skipif(IN_VM, reason="host only: two spawned workers import "
+                    "torch (30 s each in the VM)")
 def test_gloo_two_ranks_with_tshm_dataloaders():
     """torch.distributed composes: tshm.torch.spawn starts a 2-rank gloo
     job on localhost whose ranks each iterate a tshm DataLoader and

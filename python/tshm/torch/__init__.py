@@ -23,7 +23,7 @@ import multiprocessing.context as _mpc
 import torch
 import torch.multiprocessing
 
-from . import _alloc, _reductions
+from . import _alloc, _mpqueue, _reductions
 from ._reductions import STRATEGY, active, locate, move_to_segment
 
 __all__ = ["install", "uninstall", "installed", "get_context", "spawn",
@@ -136,15 +136,26 @@ class ForkServerProcess(_TshmProcess, _mpc.ForkServerProcess):
     pass
 
 
-class ForkContext(_mpc.ForkContext):
+class _TshmQueues:
+    """Queues on tshm.Queue: tensors in segments travel by reference,
+    no fd through multiprocessing's resource sharer (tshm/torch/_mpqueue.py)."""
+
+    def Queue(self, maxsize=0):
+        return _mpqueue.Queue(maxsize)
+
+    def SimpleQueue(self):
+        return _mpqueue.SimpleQueue()
+
+
+class ForkContext(_TshmQueues, _mpc.ForkContext):
     Process = ForkProcess
 
 
-class SpawnContext(_mpc.SpawnContext):
+class SpawnContext(_TshmQueues, _mpc.SpawnContext):
     Process = SpawnProcess
 
 
-class ForkServerContext(_mpc.ForkServerContext):
+class ForkServerContext(_TshmQueues, _mpc.ForkServerContext):
     Process = ForkServerProcess
 
     def __init__(self):

@@ -1,16 +1,25 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """tshm.torch.spawn(): torch.multiprocessing.spawn on libtshm's supervisor.
 
-The workers are started by libtshm's spawner (python/src/spawn.c), each a
-fresh interpreter exec'ed with its rank: they are in a process group of
-their own, die with the parent (parent-death signal, kept across exec),
-get floor(usable CPUs / nprocs) threads, and the library's join reports
-the first failure and terminates the rest (SIGTERM, grace, SIGKILL).
+The workers are started by libtshm's spawner (python/src/spawn.c): they
+are in a process group of their own, die with the parent (parent-death
+signal), get floor(usable CPUs / nprocs) threads, and the library's join
+reports the first failure and terminates the rest (SIGTERM, grace,
+SIGKILL).  Two start methods:
+
+* "spawn" (the default, as torch's): each worker is a fresh interpreter
+  exec'ed with its rank; it imports torch itself, which is most of its
+  start-up time (about a second of CPU per worker);
+* "fork": each worker is a fork of this interpreter, made by the library
+  while this thread holds the GIL (as os.fork()), and runs fn at once:
+  torch is already imported.  Unsafe where fork is: once this process has
+  threads holding locks, or CUDA.
 
 What a worker needs and says travels in two memfds the workers inherit
 (freed when the last holder exits, whatever kills it):
 
-* the payload: multiprocessing's preparation data (sys.path, the main
+* the payload ("spawn" only: a forked worker finds fn and args in its
+  memory): multiprocessing's preparation data (sys.path, the main
   module, as its spawn start method sends), and (fn, args) pickled with
   ForkingPickler once per rank, so tensors in args go the tshm way;
 * the error board: SLOT bytes per rank, where a worker that raised writes
@@ -101,19 +110,24 @@ class ProcessContext:
             pass
 
 
+START_METHODS = ("spawn", "fork")
+
+
 def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
           start_method="spawn"):
     """Start nprocs processes running fn(rank, *args), as
     torch.multiprocessing.spawn does.  Workers always die with this
-    process (daemon is accepted for compatibility); start_method must be
-    "spawn": each worker is a fresh interpreter, safe with threads and
-    CUDA (a fork of a running interpreter is not, and libtshm's fork and
-    forkserver methods cannot run Python)."""
-    if start_method != "spawn":
+    process (daemon is accepted for compatibility).  start_method "spawn"
+    (each worker a fresh interpreter: safe with threads and CUDA) or
+    "fork" (each worker a fork of this one: fast, unsafe once this
+    process has threads or CUDA); see the top of this file."""
+    if start_method not in START_METHODS:
         raise ValueError(f"tshm.torch.spawn: start_method {start_method!r} "
-                         f"is not supported; only 'spawn' is")
+                         f"is not supported; use one of {START_METHODS}")
     if nprocs < 1:
         raise ValueError("nprocs must be at least 1")
+    if start_method == "fork":
+        return _fork(fn, args, nprocs, join)
     prep = mp_spawn.get_preparation_data("tshm-spawn")
     # As bytes: the workers must hold it to fetch fds (tensors in args)
     # from this process's resource sharer; the memfd is ours alone.
@@ -142,12 +156,78 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
         raise
     finally:
         os.close(pfd)
+    return _started(procs, board, nprocs, join)
+
+
+def _started(procs, board, nprocs, join):
+    """spawn()'s result for a started set."""
     ctx = ProcessContext(procs, board, nprocs)
     if not join:
         return ctx
     while not ctx.join():
         pass
     return None
+
+
+def _fork(fn, args, nprocs, join):
+    # A fork keeps every fd, CLOEXEC or not: the workers have the board.
+    board = os.memfd_create("tshm-spawn-errors", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(board, nprocs * SLOT)
+        env = {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}
+
+        def target(rank, n):
+            return _forked_worker(fn, args, board, rank)
+
+        procs = _Procs(None, nprocs, env=env, target=target)
+    except BaseException:
+        os.close(board)
+        raise
+    return _started(procs, board, nprocs, join)
+
+
+def _sync_thread_vars():
+    """The library set the thread budget in the C environment of this
+    fork (putenv); os.environ is the interpreter's copy from start-up."""
+    import ctypes
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    getenv.argtypes = [ctypes.c_char_p]
+    for k in _THREAD_VARS:
+        v = getenv(k.encode())
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = os.fsdecode(v)
+
+
+def _forked_worker(fn, args, bfd, rank):
+    """The body of a forked worker: its exit status."""
+    code = 0
+    try:
+        _sync_thread_vars()
+        threads = os.environ.get("OMP_NUM_THREADS")
+        import torch
+        if threads and threads.isdigit() and int(threads) > 0:
+            torch.set_num_threads(int(threads))
+        from . import install
+        install()
+        fn(rank, *args)
+    except KeyboardInterrupt:
+        code = 1
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (e.code is not None)
+    except BaseException:
+        tb = traceback.format_exc().encode("utf-8", "replace")[:SLOT - 1]
+        os.pwrite(bfd, tb + b"\0", rank * SLOT)
+        sys.stderr.write(traceback.format_exc())
+        code = 1
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    return code
 
 
 def _read_all(fd):

@@ -1,0 +1,185 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The queues of tshm.torch's multiprocessing contexts: tshm.Queue with
+multiprocessing's reducers.
+
+multiprocessing.Queue is a pipe: it cannot carry an fd, so every object
+that owns one (a tshm Segment, a storage under torch's file_descriptor
+strategy) goes through multiprocessing's resource sharer on every send:
+a connection, an authentication and a thread hop per message.  The
+queues made here are tshm.Queues whose pickler also knows the reducers
+registered with multiprocessing's ForkingPickler (torch's, and the "tshm"
+strategy's), so a tensor pickles to (segment, offset, shape ...) and the
+segment travels the queue's own way: a grant on the module, an fd in the
+queue's socket on the fallback, and nothing at all for a segment the
+receiver already holds.  The sender may drop the tensor at once (the
+message holds the segment); a message never received is freed with the
+queue, SIGKILL included.
+
+What differs from multiprocessing.Queue, and why:
+
+* capacity: maxsize=0 ("unbounded") is DEFAULT_CAPACITY messages, not
+  unbounded: the ring is shared memory of a fixed size.  A put() beyond
+  it waits for room as a bounded multiprocessing.Queue's does;
+* no feeder thread: put() has queued the object when it returns (a later
+  change to a mutable object is not seen), so join_thread() and
+  cancel_join_thread() have nothing to do;
+* close() lets go of this process's handle only, as multiprocessing's
+  does; the queue lives as long as any process holds it;
+* an object whose pickle does not fit a message even with every buffer
+  out of band (a list of a million ints) is pickled with ForkingPickler
+  and sent as one out-of-band buffer: correct, not fast.
+"""
+
+import errno
+import multiprocessing.reduction as _mpred
+
+from .. import _queue
+from .._tshm import WAIT_FUTEX
+
+#: Messages a queue made with maxsize=0 holds.
+DEFAULT_CAPACITY = 1024
+#: Bytes of pickle one message carries in the ring: a batch of a few
+#: hundred tensors (about 100 bytes each) fits.
+MAX_MSG = 64 * 1024
+
+
+def _dispatch_table():
+    table = _mpred.ForkingPickler._copyreg_dispatch_table.copy()
+    table.update(_mpred.ForkingPickler._extra_reducers)
+    return table
+
+
+class _Encoder(_queue._Encoder):
+    def __init__(self, file, split):
+        super().__init__(file, split)
+        self.dispatch_table = _dispatch_table()
+
+
+class _SlowEncoder(_queue._SlowEncoder):
+    def __init__(self, file, split):
+        super().__init__(file, split)
+        self.dispatch_table = _dispatch_table()
+
+
+class _Spilled:
+    """An object too big for a message: its ForkingPickler pickle."""
+
+    def __init__(self, data):
+        self.data = data
+
+
+def _unspill(data):
+    return _mpred.ForkingPickler.loads(data)
+
+
+class ForkingQueue(_queue.Queue):
+    """A tshm.Queue that pickles with multiprocessing's reducers and
+    sleeps at once when it waits (see _setup)."""
+
+    _encoders = (_Encoder, _SlowEncoder)
+
+    def _setup(self, raw, oob_threshold, ctx=None):
+        # Pickling a message costs tens of microseconds of Python: a
+        # receiver spinning for the next one (libtshm's default, 50 us)
+        # mostly burns the CPU its sender needs, and where both share a
+        # core every hop costs the whole spin.  A futex wake-up costs a
+        # few microseconds (bench/torch-bench.py).
+        raw.set_wait(WAIT_FUTEX)
+        super()._setup(raw, oob_threshold, ctx)
+
+    def put(self, obj, block=True, timeout=None):
+        try:
+            super().put(obj, block, timeout)
+        except OSError as e:
+            if e.errno != errno.EMSGSIZE:
+                raise
+            data = bytearray(_mpred.ForkingPickler.dumps(obj))
+            super().put(_Spilled(data), block, timeout)
+
+    def get(self, block=True, timeout=None):
+        obj = super().get(block, timeout)
+        if type(obj) is _Spilled:
+            return _unspill(obj.data)
+        return obj
+
+
+class Queue:
+    """multiprocessing.Queue's API over a ForkingQueue (see the module's
+    docstring for what differs)."""
+
+    def __init__(self, maxsize=0, *, ctx=None):
+        cap = maxsize if maxsize > 0 else DEFAULT_CAPACITY
+        self._q = ForkingQueue(cap, MAX_MSG)
+        self._maxsize = maxsize
+
+    def put(self, obj, block=True, timeout=None):
+        self._q.put(obj, block, timeout)
+
+    def get(self, block=True, timeout=None):
+        return self._q.get(block, timeout)
+
+    def put_nowait(self, obj):
+        self._q.put(obj, False)
+
+    def get_nowait(self):
+        return self._q.get(False)
+
+    def qsize(self):
+        return self._q.qsize()
+
+    def empty(self):
+        return self._q.empty()
+
+    def full(self):
+        return self._q.full()
+
+    def close(self):
+        """Done with the queue in this process (multiprocessing's close():
+        the queue stays open for the others)."""
+
+    def join_thread(self):
+        """Nothing to wait for: there is no feeder thread."""
+
+    def cancel_join_thread(self):
+        """Nothing to cancel: there is no feeder thread."""
+
+    def __reduce__(self):
+        return _rebuild, (self._q, self._maxsize)
+
+    def __repr__(self):
+        return f"<tshm.torch Queue over {self._q!r}>"
+
+
+def _rebuild(q, maxsize):
+    self = Queue.__new__(Queue)
+    self._q = q
+    self._maxsize = maxsize
+    return self
+
+
+class SimpleQueue:
+    """multiprocessing.SimpleQueue's API over a ForkingQueue."""
+
+    def __init__(self, *, ctx=None):
+        self._q = ForkingQueue(DEFAULT_CAPACITY, MAX_MSG)
+
+    def put(self, obj):
+        self._q.put(obj)
+
+    def get(self):
+        return self._q.get()
+
+    def empty(self):
+        return self._q.empty()
+
+    def close(self):
+        """Done with the queue in this process."""
+
+    def __reduce__(self):
+        return _rebuild_simple, (self._q,)
+
+
+def _rebuild_simple(q):
+    self = SimpleQueue.__new__(SimpleQueue)
+    self._q = q
+    return self
