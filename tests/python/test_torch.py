@@ -335,3 +335,24 @@ def test_context_queue_api():
     sq.put(t)
     assert sq.empty() is False and torch.equal(sq.get(), t)
     assert isinstance(ctx.Queue(), tshm.torch._mpqueue.Queue)
+
+
+def _firsts(q, r):
+    r.put([float(y[0]) for y in q.get(timeout=60)])
+
+
+def test_context_queue_more_segments_than_a_message_carries():
+    """40 tensors in 40 segments in one message: the queue carries
+    QUEUE_MAX_SEGS - 1 by reference, the others cross as ForkingPickler
+    sends them; all arrive, in one process and in another."""
+    ctx = tshm.torch.get_context("fork")
+    q, r = ctx.Queue(), ctx.Queue()
+    xs = [torch.full((20000,), float(i)) for i in range(40)]
+    q.put(xs)
+    assert all(torch.equal(a, b) for a, b in zip(xs, q.get(timeout=10)))
+    p = ctx.Process(target=_firsts, args=(q, r))
+    p.start()
+    q.put(xs)
+    assert r.get(timeout=60) == [float(i) for i in range(40)]
+    p.join(60)
+    assert p.exitcode == 0

@@ -27,14 +27,18 @@ What differs from multiprocessing.Queue, and why:
   does; the queue lives as long as any process holds it;
 * an object whose pickle does not fit a message even with every buffer
   out of band (a list of a million ints) is pickled with ForkingPickler
-  and sent as one out-of-band buffer: correct, not fast.
+  and sent as one out-of-band buffer: correct, not fast;
+* a message carries QUEUE_MAX_SEGS segments: beyond the first
+  QUEUE_MAX_SEGS - 1 (a batch of that many big tensors in separate
+  segments), the others cross as ForkingPickler sends them, through the
+  resource sharer (the sender must then live until they are received).
 """
 
 import errno
 import multiprocessing.reduction as _mpred
 
 from .. import _queue
-from .._tshm import WAIT_FUTEX
+from .._tshm import QUEUE_MAX_SEGS, WAIT_FUTEX, Segment
 
 #: Messages a queue made with maxsize=0 holds.
 DEFAULT_CAPACITY = 1024
@@ -49,13 +53,30 @@ def _dispatch_table():
     return table
 
 
-class _Encoder(_queue._Encoder):
+class _Reducers:
+    """multiprocessing's reducers, and no failure for a message naming
+    more segments than the queue carries: the first QUEUE_MAX_SEGS - 1
+    (a slot stays free for copied buffers) go by reference, the rest the
+    way ForkingPickler sends a segment (an fd through multiprocessing's
+    resource sharer, tshm/_reduction.py)."""
+
+    def persistent_id(self, obj):
+        if type(obj) is not Segment:
+            return None
+        i = self.split.segment_index(obj, QUEUE_MAX_SEGS - 1)
+        if i is None:
+            return None
+        self.split.named = True
+        return i
+
+
+class _Encoder(_Reducers, _queue._Encoder):
     def __init__(self, file, split):
         super().__init__(file, split)
         self.dispatch_table = _dispatch_table()
 
 
-class _SlowEncoder(_queue._SlowEncoder):
+class _SlowEncoder(_Reducers, _queue._SlowEncoder):
     def __init__(self, file, split):
         super().__init__(file, split)
         self.dispatch_table = _dispatch_table()
