@@ -17,9 +17,11 @@ Rows:
   batch_size 4;
 * spawn of 1, 4 and 16 workers to all joined (fn does nothing): in these
   rows the first column is torch.multiprocessing.spawn (start method
-  "spawn", torch's default), the second torch's start_processes with
-  "fork", the tshm column tshm.torch.spawn with the start method the row
-  names.
+  "spawn", torch's default), the second torch's start_processes with the
+  start method the row names, the tshm column tshm.torch.spawn with it.
+  Both forkservers (torch's preloading torch, tshm's zygote) are started
+  before the first row, as a forkserver is meant to be used; their start
+  times are printed under the table.
 
 Columns: file_descriptor, file_system, tshm, and the ratios of tshm to
 each (how many times faster tshm is).  Medians of repeated runs where
@@ -155,13 +157,18 @@ def main():
                       (Small(), "DataLoader (b) 64 small tensors")):
         vals = [loader_rate(s, ds) for s in STRATEGIES]
         rows.append((label + " batches/s", vals, "rate"))
+    # Both forkservers started (and torch imported in them) before the
+    # rows, as a forkserver is meant to be used.
+    mp.set_forkserver_preload(["torch"])
+    servers = [spawn_time(w, "forkserver", 1) for w in ("torch", "tshm")]
     for n in (1, 4, 16):
-        # Columns here: torch "spawn", torch "fork", tshm.
+        # Columns here: torch "spawn" (its default), torch with the start
+        # method of the row, tshm.torch.spawn with it.
         sp = spawn_time("torch", "spawn", n)
-        fk = spawn_time("torch", "fork", n)
-        for m in ("spawn", "fork"):
-            rows.append((f"spawn {n} to joined, tshm {m}",
-                         [sp, fk, spawn_time("tshm", m, n)], "time"))
+        for m in ("spawn", "forkserver", "fork"):
+            rows.append((f"spawn {n} to joined, {m}",
+                         [sp, spawn_time("torch", m, n),
+                          spawn_time("tshm", m, n)], "time"))
 
     print(f"torch {torch.__version__}, tshm backend "
           f"{tshm.default_context().backend}, {os.cpu_count()} CPUs")
@@ -178,6 +185,11 @@ def main():
             r1, r2 = ts / fd, ts / fs
         print(f"{label:38} {cells[0]:>15} {cells[1]:>15} {cells[2]:>15} "
               f"{r1:6.1f}x {r2:6.1f}x")
+    print(f"spawn rows: columns are torch.multiprocessing.spawn (\"spawn\"), "
+          f"torch's start_processes and tshm.torch.spawn with the row's "
+          f"method;\nforkservers started first: torch's (preloading torch) "
+          f"{fmt_time(servers[0]).strip()}, tshm's zygote "
+          f"{fmt_time(servers[1]).strip()} (each with a spawn of 1)")
     return 0
 
 

@@ -5,9 +5,9 @@ rest are terminated, no worker outlives a SIGKILLed parent, the thread
 budget, tensors in args, and a 2-rank gloo job whose ranks iterate tshm
 DataLoaders.
 
-"spawn" on the host only: every worker is a fresh interpreter importing
-torch, which takes half a minute each in the emulated VM.  "fork" starts
-with torch imported and runs in the VM too."""
+"spawn" and "forkserver" on the host only: every worker, or the zygote,
+is a fresh interpreter importing torch, which takes half a minute in the
+emulated VM.  "fork" starts with torch imported and runs in the VM too."""
 
 import os
 import signal
@@ -25,9 +25,11 @@ import tshm  # noqa: E402
 import tshm.torch  # noqa: E402
 from conftest import IN_VM  # noqa: E402
 
-METHODS = [pytest.param("spawn", marks=pytest.mark.skipif(
-    IN_VM, reason="host only: a spawned worker imports torch (30 s in the "
-    "VM)")), "fork"]
+_HOST_ONLY = pytest.mark.skipif(
+    IN_VM, reason="host only: a spawned worker, or the forkserver's zygote, "
+    "imports torch (30 s in the VM)")
+METHODS = [pytest.param("spawn", marks=_HOST_ONLY), "fork",
+           pytest.param("forkserver", marks=_HOST_ONLY)]
 
 
 def alive(pid):
@@ -107,7 +109,7 @@ def _exit_3(rank):
 
 def test_exit_status_and_bad_arguments():
     with pytest.raises(ValueError, match="start_method"):
-        tshm.torch.spawn(_report, nprocs=1, start_method="forkserver")
+        tshm.torch.spawn(_report, nprocs=1, start_method="vfork")
     with pytest.raises(ValueError):
         tshm.torch.spawn(_report, nprocs=0)
 
@@ -190,8 +192,31 @@ def _gloo_rank(rank, port, q):
     dist.destroy_process_group()
 
 
-@pytest.mark.skipif(IN_VM, reason="host only: two spawned workers import "
-                    "torch (30 s each in the VM)")
+@_HOST_ONLY
+def test_forkserver_zygote_is_reused_and_workers_are_its_children():
+    """The zygote starts once per process and forks every set's workers:
+    their parent is a libtshm supervisor whose parent is the zygote, not
+    this process."""
+    from tshm.torch import _zygote
+    pids = []
+    for _ in range(2):
+        q = tshm.Queue()
+        tshm.torch.spawn(_parents, args=(q,), nprocs=2,
+                         start_method="forkserver")
+        pids += [q.get(timeout=10) for _ in range(2)]
+    zygote = _zygote._zygote[1].pids()[0]
+    assert all(grand == zygote and sup != os.getpid()
+               for sup, grand in pids), (pids, zygote)
+
+
+def _parents(rank, q):
+    sup = os.getppid()
+    with open(f"/proc/{sup}/stat") as f:
+        grand = int(f.read().split(")")[-1].split()[1])
+    q.put((sup, grand))
+
+
+@_HOST_ONLY
 def test_gloo_two_ranks_with_tshm_dataloaders():
     """torch.distributed composes: tshm.torch.spawn starts a 2-rank gloo
     job on localhost whose ranks each iterate a tshm DataLoader and

@@ -13,7 +13,9 @@ SIGKILL).  Two start methods:
 * "fork": each worker is a fork of this interpreter, made by the library
   while this thread holds the GIL (as os.fork()), and runs fn at once:
   torch is already imported.  Unsafe where fork is: once this process has
-  threads holding locks, or CUDA.
+  threads holding locks, or CUDA;
+* "forkserver": each worker is a "fork" worker of a zygote, a fresh
+  interpreter with torch imported, started once (tshm/torch/_zygote.py).
 
 What a worker needs and says travels in two memfds the workers inherit
 (freed when the last holder exits, whatever kills it):
@@ -63,6 +65,8 @@ class ProcessContext:
         return list(self._pids)
 
     def _traceback(self, rank):
+        if self._board is None:           # the zygote read it
+            return self._procs.traceback(rank)
         raw = os.pread(self._board, SLOT, rank * SLOT)
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
@@ -101,7 +105,8 @@ class ProcessContext:
         if not self._done:
             self._done = True
             self._procs.close()
-            os.close(self._board)
+            if self._board is not None:
+                os.close(self._board)
 
     def __del__(self):
         try:
@@ -110,7 +115,7 @@ class ProcessContext:
             pass
 
 
-START_METHODS = ("spawn", "fork")
+START_METHODS = ("spawn", "fork", "forkserver")
 
 
 def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
@@ -118,24 +123,29 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
     """Start nprocs processes running fn(rank, *args), as
     torch.multiprocessing.spawn does.  Workers always die with this
     process (daemon is accepted for compatibility).  start_method "spawn"
-    (each worker a fresh interpreter: safe with threads and CUDA) or
-    "fork" (each worker a fork of this one: fast, unsafe once this
-    process has threads or CUDA); see the top of this file."""
+    (each worker a fresh interpreter: safe with threads and CUDA, slow),
+    "forkserver" (each worker a fork of a zygote that imported torch:
+    safe and fast once the zygote runs) or "fork" (each worker a fork of
+    this process: fast, unsafe once it has threads or CUDA); see the top
+    of this file."""
     if start_method not in START_METHODS:
         raise ValueError(f"tshm.torch.spawn: start_method {start_method!r} "
                          f"is not supported; use one of {START_METHODS}")
     if nprocs < 1:
         raise ValueError("nprocs must be at least 1")
+    # The caller's own thread settings win over the budget.
+    env = {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}
     if start_method == "fork":
-        return _fork(fn, args, nprocs, join)
-    prep = mp_spawn.get_preparation_data("tshm-spawn")
-    # As bytes: the workers must hold it to fetch fds (tensors in args)
-    # from this process's resource sharer; the memfd is ours alone.
-    prep["authkey"] = bytes(prep["authkey"])
-    # (fn, args) once per rank, as torch does: what args hold may be good
-    # for one load only (an fd fetched from the resource sharer).
-    payload = pickle.dumps((prep, [bytes(reduction.ForkingPickler.dumps(
-        (fn, args), 5)) for _ in range(nprocs)]), protocol=5)
+        ctx = _start_forks(
+            lambda rank, board: _forked_worker(fn, args, board, rank),
+            nprocs, env)
+        return _finish(ctx, join)
+    prep, calls = _payload(fn, args, nprocs)
+    if start_method == "forkserver":
+        from ._zygote import ZygoteProcs
+        procs = ZygoteProcs(prep, calls, nprocs, env)
+        return _finish(ProcessContext(procs, None, nprocs), join)
+    payload = pickle.dumps((prep, calls), protocol=5)
     pfd = os.memfd_create("tshm-spawn-payload", 0)
     board = os.memfd_create("tshm-spawn-errors", os.MFD_CLOEXEC)
     try:
@@ -144,9 +154,6 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
         bfd = os.dup(board)          # the workers' copy: no CLOEXEC
         os.set_inheritable(bfd, True)
         try:
-            # The caller's own thread settings win over the budget.
-            env = {k: os.environ[k] for k in _THREAD_VARS
-                   if k in os.environ}
             procs = _Procs([sys.executable, "-c", _WORKER, str(pfd),
                             str(bfd)], nprocs, env=env)
         finally:
@@ -156,12 +163,23 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
         raise
     finally:
         os.close(pfd)
-    return _started(procs, board, nprocs, join)
+    return _finish(ProcessContext(procs, board, nprocs), join)
 
 
-def _started(procs, board, nprocs, join):
+def _payload(fn, args, nprocs):
+    """multiprocessing's preparation data and (fn, args) pickled once per
+    rank, as torch does: what args hold may be good for one load only (an
+    fd fetched from the resource sharer)."""
+    prep = mp_spawn.get_preparation_data("tshm-spawn")
+    # As bytes: the workers must hold it to fetch fds (tensors in args)
+    # from this process's resource sharer.
+    prep["authkey"] = bytes(prep["authkey"])
+    return prep, [bytes(reduction.ForkingPickler.dumps((fn, args), 5))
+                  for _ in range(nprocs)]
+
+
+def _finish(ctx, join):
     """spawn()'s result for a started set."""
-    ctx = ProcessContext(procs, board, nprocs)
     if not join:
         return ctx
     while not ctx.join():
@@ -169,21 +187,19 @@ def _started(procs, board, nprocs, join):
     return None
 
 
-def _fork(fn, args, nprocs, join):
+def _start_forks(body, nprocs, env):
+    """nprocs forks of this process running body(rank, board), whose
+    result is the exit status: a ProcessContext."""
     # A fork keeps every fd, CLOEXEC or not: the workers have the board.
     board = os.memfd_create("tshm-spawn-errors", os.MFD_CLOEXEC)
     try:
         os.ftruncate(board, nprocs * SLOT)
-        env = {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}
-
-        def target(rank, n):
-            return _forked_worker(fn, args, board, rank)
-
-        procs = _Procs(None, nprocs, env=env, target=target)
+        procs = _Procs(None, nprocs, env=env,
+                       target=lambda rank, n: body(rank, board))
     except BaseException:
         os.close(board)
         raise
-    return _started(procs, board, nprocs, join)
+    return ProcessContext(procs, board, nprocs)
 
 
 def _sync_thread_vars():
