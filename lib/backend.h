@@ -98,25 +98,36 @@ struct backend_ops {
 	/* Check @n received transport fds and sort them into @gfd / @sfd. */
 	int (*q_check_fds)(const int *fds, unsigned n, int *gfd, int *sfd);
 	/*
-	 * Under the ring lock, before the commit: make @nsegs segments
-	 * travel with the message, filling the slot's handles @h (and @tag).
-	 * -EAGAIN: the transport is full; -ETOOMANYREFS: the user's fds in
-	 * flight are at their limit.  Both leave nothing behind.
+	 * The transport is a FIFO whose order must be the ring's (the
+	 * fallback's socket): queue.c then calls the q_send_segs ...
+	 * q_recv_commit hooks of a message under the queue's segment lock.
+	 * Otherwise it calls them with no lock held, and q_send_segs before
+	 * it claims a slot.
+	 */
+	bool q_ordered;
+	/*
+	 * Before the commit: make @nsegs segments travel with the message,
+	 * filling the slot's handles @h (and @tag).  -EAGAIN: the transport
+	 * is full; -ETOOMANYREFS: the user's fds in flight are at their
+	 * limit.  Both leave nothing behind.
 	 */
 	int (*q_send_segs)(struct tshm_queue *q, struct tshm_seg *const *segs,
 			   unsigned nsegs, struct tshm_handle *h,
 			   uint64_t *tag);
+	/* Optional: the message will not be sent, undo q_send_segs. */
+	void (*q_send_undo)(struct tshm_queue *q, const struct tshm_handle *h,
+			    unsigned nsegs);
 	/*
-	 * Receive, under the ring lock before the commit: take what @rx's
-	 * handles need.  0: go on; 1: another receiver's (dead) leftovers,
-	 * commit and skip the slot; <0: leave the message queued (then
-	 * q_recv_undo, optional, unlocked).
+	 * Receive, before the commit: take what @rx's handles need.  0: go
+	 * on; 1: another receiver's (dead) leftovers, commit and skip the
+	 * slot; <0: leave the message queued.  When the message is not
+	 * taken after all, q_recv_undo (optional, unlocked).
 	 */
 	int (*q_recv_take)(struct tshm_queue *q, struct q_rx *rx,
 			   struct tshm_seg **segs);
 	void (*q_recv_undo)(struct tshm_queue *q, struct q_rx *rx,
 			    struct tshm_seg **segs);
-	/* Optional: under the ring lock, right after the commit. */
+	/* Optional: right after the commit. */
 	void (*q_recv_commit)(struct tshm_queue *q, struct q_rx *rx,
 			      struct tshm_seg **segs);
 	/* Unlocked: @segs gets a reference on every segment, or -errno. */

@@ -14,8 +14,8 @@
  * a context's lock before its queue list lock and its segments' lease
  * locks.  @fork_lock, taken first, also protects the lists.
  *
- * Process-shared locks (a queue's ring lock) need nothing: their holder is
- * a thread of the parent, which goes on and releases them.  Locks a thread
+ * Process-shared locks (a queue's segment lock) need nothing: their holder
+ * is a thread of the parent, which goes on and releases them.  Locks a thread
  * sleeps under (a pool's sleeper lock) are not taken, since fork() would
  * wait for that sleep; in the child they are made afresh, as nothing in
  * the child sleeps under them.

@@ -3,9 +3,10 @@
  * kmod-queue.c - segments through a queue on the module: one grant per
  * segment to the queue's own context, taken from the spare table when a
  * receiver parked one, consumed by the receiver's ATTACH or parked again on
- * a cache hit (Documentation/lib/queue.rst).  Called by queue.c with the
- * ring lock held unless a function says otherwise; the spare table is
- * changed under the ring lock only.
+ * a cache hit (Documentation/lib/queue.rst).  Called by queue.c with no
+ * lock held: the spare table is changed under the queue's segment lock
+ * only, and only ever tried for (a busy lock costs a GRANT or a DROP,
+ * never a wait on a holder that may be stopped).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -176,22 +177,24 @@ int kmod_q_check_fds(const int *fds, unsigned n, int *gfd, int *sfd)
 /* ---- send ---- */
 
 /*
- * Under the queue lock: one grant to the queue context per segment, taken
- * from the spares a receiver parked when it can (no system call), else a
- * GRANT.  Either way the message carries one kernel grant per segment.
+ * Before the claim: one grant to the queue context per segment, taken from
+ * the spares a receiver parked when the table is free (no system call),
+ * else a GRANT.  Either way the message carries one kernel grant per
+ * segment.
  */
 int kmod_q_send_segs(struct tshm_queue *q, struct tshm_seg *const *segs,
 		     unsigned nsegs, struct tshm_handle *h, uint64_t *tag)
 {
 	bool took[TSHM_QUEUE_MAX_SEGS];
+	int locked = q_trylock(q);
 	unsigned i;
-	int ret;
+	int ret = 0;
 
 	for (i = 0; i < nsegs; i++) {
 		if (!atomic_load_explicit(&segs[i]->spare_touched,
 					  memory_order_relaxed))
 			atomic_store(&segs[i]->spare_touched, true);
-		took[i] = spare_take(q, segs[i]->id);
+		took[i] = locked >= 0 && spare_take(q, segs[i]->id);
 		ret = took[i] ? 0 : kmod_seg_grant(segs[i], q->gfd, 1);
 		if (ret < 0) {
 			while (i--) {
@@ -200,19 +203,29 @@ int kmod_q_send_segs(struct tshm_queue *q, struct tshm_seg *const *segs,
 				else
 					kmod_drop(q->gfd, segs[i]->id, 1);
 			}
-			return ret;
+			break;
 		}
 		h[i].id = segs[i]->id;
 		h[i].grants = 1;
 		h[i].flags = 0;
 	}
-	return 0;
+	if (locked >= 0)
+		q_unlock(q, locked);
+	return ret;
+}
+
+/* The message was not sent (timeout, close): give its grants back. */
+void kmod_q_send_undo(struct tshm_queue *q, const struct tshm_handle *h,
+		      unsigned nsegs)
+{
+	for (unsigned i = 0; i < nsegs; i++)
+		kmod_drop(q->gfd, h[i].id, 1);
 }
 
 /* ---- receive ---- */
 
 /*
- * Under the queue lock, before the commit: look the message's segments up
+ * Before the commit: look the message's segments up
  * in this process's cache (@segs[i] gets a reference on a hit, NULL on a
  * miss), and check there is room for the fds the misses will ATTACH
  * (-EMFILE leaves the message queued).
@@ -241,8 +254,8 @@ void kmod_q_recv_undo(struct tshm_queue *q, struct q_rx *rx,
 }
 
 /*
- * Under the queue lock, after the commit: the grants that hits did not
- * consume become spares in the table (bit i of @rx->overflow: no room,
+ * After the commit: the grants that hits did not consume become spares in
+ * the table (bit i of @rx->overflow: no room, or the table's lock busy,
  * the grant is batched for a DROP instead).  Killed before this, the
  * grants stay with the queue context unaccounted: a leak until the queue
  * goes, never a spare that does not exist.
@@ -250,16 +263,19 @@ void kmod_q_recv_undo(struct tshm_queue *q, struct q_rx *rx,
 void kmod_q_recv_commit(struct tshm_queue *q, struct q_rx *rx,
 			struct tshm_seg **segs)
 {
+	int locked = q_trylock(q);
 	unsigned i;
 
 	for (i = 0; i < rx->n; i++) {
 		if (!segs[i])
 			continue;
-		if (spare_put(q, rx->h[i].id))
+		if (locked >= 0 && spare_put(q, rx->h[i].id))
 			atomic_store(&segs[i]->spare_touched, true);
 		else
 			rx->overflow |= 1U << i;
 	}
+	if (locked >= 0)
+		q_unlock(q, locked);
 }
 
 /*

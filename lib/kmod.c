@@ -167,6 +167,7 @@ const struct backend_ops kmod_ops = {
 	.q_fds			= kmod_q_fds,
 	.q_check_fds		= kmod_q_check_fds,
 	.q_send_segs		= kmod_q_send_segs,
+	.q_send_undo		= kmod_q_send_undo,
 	.q_recv_take		= kmod_q_recv_take,
 	.q_recv_undo		= kmod_q_recv_undo,
 	.q_recv_commit		= kmod_q_recv_commit,

@@ -3,8 +3,9 @@
  * memfd-queue.c - segments through a queue on the fallback: each memfd and
  * its lease peer travel in the queue's SEQPACKET socket, one socket message
  * per ring message, tagged with its slot and sent and received under the
- * ring lock so that socket order is ring order; the tag lets a receiver
- * discard what a dead sender left behind (Documentation/lib/queue.rst).
+ * segment lock so that socket order is ring order; the tag lets a receiver
+ * discard what a dead or revoked sender left behind
+ * (Documentation/lib/queue.rst).
  */
 #include <errno.h>
 #include <string.h>
@@ -55,7 +56,7 @@ int memfd_q_check_fds(const int *fds, unsigned n, int *gfd, int *sfd)
 /* ---- send ---- */
 
 /*
- * Under the ring lock: the memfds and lease peers in one message tagged
+ * Under the segment lock: the memfds and lease peers in one message tagged
  * with the slot's new tag, so that socket order is ring order.
  */
 int memfd_q_send_segs(struct tshm_queue *q, struct tshm_seg *const *segs,
@@ -169,7 +170,7 @@ static int adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
 	return ret;
 }
 
-/* Under the ring lock, before the commit. */
+/* Under the segment lock, before the commit. */
 int memfd_q_recv_take(struct tshm_queue *q, struct q_rx *rx,
 		      struct tshm_seg **segs)
 {

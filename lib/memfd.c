@@ -200,6 +200,7 @@ const struct backend_ops memfd_ops = {
 	.q_open			= memfd_q_open,
 	.q_fds			= memfd_q_fds,
 	.q_check_fds		= memfd_q_check_fds,
+	.q_ordered		= true,
 	.q_send_segs		= memfd_q_send_segs,
 	.q_recv_take		= memfd_q_recv_take,
 	.q_recv_finish		= memfd_q_recv_finish,

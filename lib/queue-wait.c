@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: LGPL-2.1-or-later
 /*
- * queue-wait.c - the ring lock and every sleep of a queue: a robust
+ * queue-wait.c - the segment lock and every sleep of a queue: a robust
  * process-shared mutex taken by trylock and sliced sleeps (so that
  * timeouts and signals are honoured and a dead holder is noticed), the
- * futex words senders and receivers sleep on, and the eventfd of
- * tshm_queue_fd().  Documentation/lib/queue.rst has the argument.
+ * futex words senders and receivers sleep on, the eventfd of
+ * tshm_queue_fd(), and the thread ids that slot claims carry.
+ * Documentation/lib/queue.rst has the argument.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "queue.h"
@@ -78,6 +81,59 @@ int q_lock(struct tshm_queue *q, const struct deadline *dl)
 		if (ret == -EINTR)
 			return ret;
 	}
+}
+
+/* 0 locked, 1 locked after a dead holder, -EBUSY: never waits. */
+int q_trylock(struct tshm_queue *q)
+{
+	int ret = pthread_mutex_trylock(&q->hdr->lock);
+
+	if (likely(ret == 0))
+		return 0;
+	if (ret == EOWNERDEAD) {
+		pthread_mutex_consistent(&q->hdr->lock);
+		return 1;
+	}
+	return -EBUSY;
+}
+
+/*
+ * The calling thread's id, as slot claims carry it.  Cached per thread; a
+ * forked child's only thread has a new id, hence the atfork reset.
+ */
+static __thread uint32_t q_tid_cache;
+static pthread_once_t q_tid_once = PTHREAD_ONCE_INIT;
+
+static void q_tid_forget(void)
+{
+	q_tid_cache = 0;
+}
+
+static void q_tid_init(void)
+{
+	pthread_atfork(NULL, NULL, q_tid_forget);
+}
+
+uint32_t q_tid(void)
+{
+	if (unlikely(!q_tid_cache)) {
+		pthread_once(&q_tid_once, q_tid_init);
+		q_tid_cache = (uint32_t)gettid() & QS_TID_MASK;
+	}
+	return q_tid_cache;
+}
+
+/*
+ * Has thread @tid exited?  Only "yes" is acted on (a claim it left is
+ * freed), so an error other than ESRCH, a zombie or a reused id all count
+ * as alive: the slot then stays passed over, which costs capacity, never a
+ * torn message.
+ */
+bool q_tid_gone(uint32_t tid)
+{
+	if (!tid)
+		return true;
+	return kill((pid_t)tid, 0) < 0 && errno == ESRCH;
 }
 
 void q_wake(_Atomic uint32_t *word, _Atomic uint32_t *waiters,

@@ -3,23 +3,24 @@
  * queue.c - bounded MPMC queues in shared memory.
  *
  * The ring lives in a sealed memfd: a header, then @capacity fixed-size
- * slots.  One robust, process-shared mutex serializes senders and receivers;
- * every change to the ring commits with a single store (tail for a send,
- * head for a receive) made while holding it, so a holder SIGKILLed at any
- * instruction leaves a consistent ring and the next locker only has to call
- * pthread_mutex_consistent().  Waiting happens outside the lock, spinning
- * and then sleeping on futex words that senders and receivers bump after
- * each change.
+ * slots, each with a 64-bit state word next to its bytes (Vyukov's bounded
+ * queue).  A sender claims a slot with one compare-and-swap, writes it and
+ * publishes it with another; a receiver copies a FULL slot out and takes it
+ * with one more.  No lock is held across any of it, so a sender or receiver
+ * stopped or killed anywhere costs the others at most the slot it claimed:
+ * a receiver that waits QUEUE_CLAIM_NS for a claim to be published revokes
+ * it, and the slow sender, finding its publish refused, sends again.
  *
  * Segments never go through the ring as memory: only their ids.  On the
  * module the sender grants each segment to the queue's own /dev/tshm
- * context, so the kernel holds every in-flight reference, and the receiver
- * attaches by id (or finds the segment in its cache and gives the grant back
- * later).  On the fallback the fds travel in a SEQPACKET socket owned by the
- * queue, sent and received under the same lock so that socket order is ring
- * order; each socket message carries a tag that names its slot, which lets a
- * receiver discard what a dead sender left behind.  Documentation/lib/
- * queue.rst has the whole argument; lib/queue.h lists the queue's files.
+ * context before it claims, so the kernel holds every in-flight reference,
+ * and the receiver attaches by id after its take (or finds the segment in
+ * its cache and parks the grant as a spare).  On the fallback the fds
+ * travel in a SEQPACKET socket owned by the queue, whose order must be the
+ * ring's: those messages alone are sent and taken under the segment lock,
+ * each socket message tagged with its slot so that a receiver can discard
+ * what a revoked or dead sender left behind.  Documentation/lib/queue.rst
+ * has the whole argument; lib/queue.h lists the queue's files.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -39,19 +40,210 @@ int queue_grant_fd(const struct tshm_queue *q)
 	return q->gfd;
 }
 
-/* ---- send and receive ---- */
+/* ---- the slot ring ---- */
+
+static void q_advance(_Atomic uint64_t *hint, uint64_t from)
+{
+	atomic_compare_exchange_strong(hint, &from, from + 1);
+}
+
+static bool q_cas(struct qslot *slot, uint64_t old, uint64_t new)
+{
+	return atomic_compare_exchange_strong(&slot->state, &old, new);
+}
+
+/*
+ * Claim a slot for the calling thread: 0 with *@pos CLAIMED(*@pos, q_tid()),
+ * or -EPIPE, -EAGAIN / -ETIMEDOUT, -EINTR.
+ */
+static int q_claim(struct tshm_queue *q, struct deadline *dl, uint64_t *pos)
+{
+	struct qhdr *hdr = q->hdr;
+	uint32_t me = q_tid(), seen, owner;
+	struct qslot *slot;
+	uint64_t t, w;
+	unsigned spins = 0;
+	int64_t d;
+	int ret;
+
+	for (;;) {
+		if (atomic_load_explicit(&hdr->closed, memory_order_relaxed))
+			return -EPIPE;
+		seen = atomic_load(&hdr->con);
+		t = atomic_load(&hdr->tail);
+		slot = q_slot(q, t);
+		w = atomic_load(&slot->state);
+		d = qs_diff(w, t);
+		if (d == 0 && qs_kind(w) == QS_QEMPTY) {
+			owner = qs_tid(w);
+			if (!q_tid_gone(owner)) {
+				/* A revoked claimer may still write: pass it. */
+				if (q_cas(slot, w, qs_make_tid(QS_QFULL, t,
+								owner))) {
+					q_advance(&hdr->tail, t);
+					q_wake(&hdr->pub, &hdr->rwait, false);
+				}
+				continue;
+			}
+		}
+		if (d == 0 && (qs_kind(w) == QS_EMPTY ||
+			       qs_kind(w) == QS_QEMPTY)) {
+			if (q_cas(slot, w, qs_make_tid(QS_CLAIMED, t, me))) {
+				q_advance(&hdr->tail, t);
+				*pos = t;
+				return 0;
+			}
+			continue;
+		}
+		if (d >= 0) {
+			/* Position t is someone's already: move the hint. */
+			q_advance(&hdr->tail, t);
+			if (++spins % 1024 == 0 && deadline_expired(dl))
+				return deadline_err(dl);
+			continue;
+		}
+		/* The slot still holds the previous lap: full. */
+		ret = q_wait(q, &hdr->con, seen, &hdr->swait, dl);
+		if (ret < 0)
+			return ret;
+	}
+}
+
+/*
+ * Make the claimed slot at @pos FULL.  false: the claim was revoked while
+ * this thread was slow (stopped, preempted); the slot is given back and the
+ * caller sends again.
+ */
+static bool q_publish(struct tshm_queue *q, uint64_t pos, unsigned kind)
+{
+	struct qslot *slot = q_slot(q, pos);
+	uint32_t me = q_tid();
+	uint64_t w;
+
+	if (q_cas(slot, qs_make_tid(QS_CLAIMED, pos, me),
+		  kind == QS_FULL ? qs_make(QS_FULL, pos) :
+		  qs_make_tid(QS_QFULL, pos, 0)))
+		return true;
+	/*
+	 * Revoked: the slot was passed over (QFULL/QEMPTY naming this thread)
+	 * while it went on writing.  Done writing now, give it back: t = 0.
+	 */
+	for (;;) {
+		w = atomic_load(&slot->state);
+		if ((qs_kind(w) != QS_QFULL && qs_kind(w) != QS_QEMPTY) ||
+		    qs_tid(w) != me)
+			return false;
+		if (q_cas(slot, w, w & ~((uint64_t)QS_TID_MASK << QS_KIND_BITS)))
+			return false;
+	}
+}
+
+/* Give a claim back unused (the segments could not be sent). */
+static void q_unclaim(struct tshm_queue *q, uint64_t pos)
+{
+	q_publish(q, pos, QS_QFULL);
+	q_wake(&q->hdr->pub, &q->hdr->rwait, false);
+}
+
+static void q_fill(struct tshm_queue *q, uint64_t pos, const void *msg,
+		   size_t len, const struct qsegs *qs, unsigned nsegs)
+{
+	struct qslot *slot = q_slot(q, pos);
+
+	slot->len = len;
+	slot->nsegs = nsegs;
+	if (len)
+		memcpy(slot->data, msg, len);
+	if (nsegs) {
+		struct qsegs *dst = q_slot_segs(q, slot);
+
+		dst->tag = qs->tag;
+		memcpy(dst->h, qs->h, nsegs * sizeof(qs->h[0]));
+	}
+}
+
+/*
+ * A message with segments on a backend whose transport is ordered (the
+ * fallback's socket): under the segment lock, so that the order of the
+ * transport's messages is the order of their slots.
+ */
+static int q_send_locked(struct tshm_queue *q, const void *msg, size_t len,
+			 struct tshm_seg *const *segs, unsigned nsegs,
+			 struct deadline *dl)
+{
+	struct deadline nowait = { .ns = dl->ns, .nowait = true };
+	struct qhdr *hdr = q->hdr;
+	struct qsegs qs;
+	uint64_t pos;
+	uint32_t seen;
+	int ret, locked;
+
+	for (;;) {
+		seen = atomic_load(&hdr->con);
+		locked = q_lock(q, dl);
+		if (locked < 0)
+			return locked;
+		/*
+		 * Never wait for room under the lock: the receivers of the
+		 * messages that fill the ring need it to take them.
+		 */
+		ret = q_claim(q, &nowait, &pos);
+		if (ret < 0) {
+			q_unlock(q, locked);
+			if (ret != -EAGAIN || dl->nowait)
+				return ret;
+			ret = q_wait(q, &hdr->con, seen, &hdr->swait, dl);
+			if (ret < 0)
+				return ret;
+			continue;
+		}
+		ret = q->ctx->ops->q_send_segs(q, segs, nsegs, qs.h, &qs.tag);
+		if (ret < 0) {
+			q_unclaim(q, pos);
+			q_unlock(q, locked);
+			if (ret == -ETOOMANYREFS) {
+				/*
+				 * The kernel caps the fds a user has in flight
+				 * in Unix sockets at RLIMIT_NOFILE: like a full
+				 * ring, wait for receivers to take some.
+				 */
+				ret = q_wait(q, &hdr->con, seen, &hdr->swait,
+					     dl);
+				if (ret < 0)
+					return ret;
+				continue;
+			}
+			if (ret != -EAGAIN)
+				return ret;
+			/* The socket is full: wait for room. */
+			if (deadline_expired(dl))
+				return deadline_err(dl);
+			ret = wait_poll(&(struct pollfd){ .fd = q->sfd[0],
+						.events = POLLOUT }, 1, dl);
+			if (ret < 0)
+				return ret;
+			continue;
+		}
+		q_fill(q, pos, msg, len, &qs, nsegs);
+		if (q_publish(q, pos, QS_FULL)) {
+			q_unlock(q, locked);
+			return 0;
+		}
+		/* Revoked: its socket message is an orphan receivers drop. */
+		q_unlock(q, locked);
+	}
+}
 
 TSHM_EXPORT
 int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 		    struct tshm_seg *const *segs, unsigned nsegs,
 		    int timeout_ms)
 {
+	const struct backend_ops *ops;
 	struct qhdr *hdr;
-	struct qslot *slot;
+	struct qsegs qs;
 	struct deadline dl;
-	uint64_t head, tail;
-	bool recovered;
-	uint32_t seen;
+	uint64_t pos;
 	unsigned i;
 	int ret;
 
@@ -68,189 +260,300 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 			return -EXDEV;
 	}
 	hdr = q->hdr;
+	ops = q->ctx->ops;
 	deadline_init(&dl, timeout_ms);
-	for (;;) {
-		ret = q_lock(q, &dl);
+	if (atomic_load_explicit(&hdr->closed, memory_order_relaxed))
+		return -EPIPE;
+	if (nsegs && ops->q_ordered) {
+		ret = q_send_locked(q, msg, len, segs, nsegs, &dl);
 		if (ret < 0)
 			return ret;
-		recovered = ret;
-		seen = atomic_load(&hdr->con);
-		if (atomic_load_explicit(&hdr->closed, memory_order_relaxed)) {
-			q_unlock(q, recovered);
-			return -EPIPE;
-		}
-		head = atomic_load_explicit(&hdr->head, memory_order_relaxed);
-		tail = atomic_load_explicit(&hdr->tail, memory_order_relaxed);
-		if (tail - head < q->capacity) {
-			slot = q_slot(q, tail);
-			ret = nsegs ? q->ctx->ops->q_send_segs(q, segs, nsegs,
-							       slot->h, &slot->tag) : 0;
-			if (ret == 0)
-				break;
-			q_unlock(q, recovered);
-			if (ret == -ETOOMANYREFS) {
-				/*
-				 * The kernel caps the fds a user has in flight
-				 * in Unix sockets at RLIMIT_NOFILE: like a full
-				 * ring, wait for receivers to take some.
-				 */
-				ret = q_wait(q, &hdr->con, seen, &hdr->swait,
-					     &dl);
-				if (ret < 0)
-					return ret;
-				continue;
-			}
-			if (ret != -EAGAIN)
-				return ret;
-			/* The fallback's socket is full: wait for room. */
-			if (deadline_expired(&dl))
-				return deadline_err(&dl);
-			ret = wait_poll(&(struct pollfd){ .fd = q->sfd[0],
-						.events = POLLOUT }, 1, &dl);
+	} else {
+		/*
+		 * The segments' passage does not depend on the slot (module:
+		 * grants to the queue context): before the claim, and kept
+		 * for the retry when the claim is revoked.
+		 */
+		if (nsegs) {
+			ret = ops->q_send_segs(q, segs, nsegs, qs.h, &qs.tag);
 			if (ret < 0)
 				return ret;
-			continue;
 		}
-		q_unlock(q, recovered);
-		ret = q_wait(q, &hdr->con, seen, &hdr->swait, &dl);
-		if (ret < 0)
-			return ret;
+		do {
+			ret = q_claim(q, &dl, &pos);
+			if (ret < 0) {
+				if (nsegs && ops->q_send_undo)
+					ops->q_send_undo(q, qs.h, nsegs);
+				return ret;
+			}
+			q_fill(q, pos, msg, len, &qs, nsegs);
+		} while (!q_publish(q, pos, QS_FULL));
 	}
-	slot->len = len;
-	slot->nsegs = nsegs;
-	if (len)
-		memcpy(slot->data, msg, len);
-	slot->pos = tail;
-	/* The commit: the message exists once tail moves past it. */
-	atomic_store_explicit(&hdr->tail, tail + 1, memory_order_release);
-	q_unlock(q, recovered);
 	q_wake(&hdr->pub, &hdr->rwait, false);
 	q_poll_wake(q, false);
 	return 0;
+}
+
+/* What a receiver copied out of a FULL slot before taking it. */
+struct qmsg {
+	uint64_t pos;
+	uint64_t state;
+	uint32_t len;
+	unsigned nsegs;
+	uint64_t tag;
+	struct tshm_handle h[TSHM_QUEUE_MAX_SEGS];
+};
+
+/*
+ * Find the oldest message: 0 with @m's pos and state (FULL), else -EPIPE,
+ * -EAGAIN / -ETIMEDOUT, -EINTR.  Passes over revoked claims, and revokes a
+ * claim that stays unpublished for QUEUE_CLAIM_NS (or whose thread is gone).
+ */
+static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
+{
+	struct qhdr *hdr = q->hdr;
+	uint64_t h, w, stall_w = 0, next;
+	int64_t d, stall_since = 0;
+	struct deadline sub;
+	struct qslot *slot;
+	unsigned spins = 0;
+	uint32_t seen, owner;
+	int ret;
+
+	for (;;) {
+		seen = atomic_load(&hdr->pub);
+		h = atomic_load(&hdr->head);
+		slot = q_slot(q, h);
+		w = atomic_load(&slot->state);
+		d = qs_diff(w, h);
+		if (d > 0) {
+			/* Position h is taken or passed: move the hint. */
+			q_advance(&hdr->head, h);
+			if (++spins % 1024 == 0 && deadline_expired(dl))
+				return deadline_err(dl);
+			continue;
+		}
+		next = qs_make(QS_EMPTY, h + q->capacity);
+		owner = qs_has_tid(w) ? qs_tid(w) : 0;
+		if (d == 0) {
+			switch (qs_kind(w)) {
+			case QS_FULL:
+				m->pos = h;
+				m->state = w;
+				return 0;
+			case QS_QFULL:
+				/* No message here: pass it, as a take would. */
+				if (!q_tid_gone(owner))
+					next = qs_make_tid(QS_QEMPTY,
+							   h + q->capacity,
+							   owner);
+				if (q_cas(slot, w, next)) {
+					q_advance(&hdr->head, h);
+					q_wake(&hdr->con, &hdr->swait, false);
+				}
+				continue;
+			case QS_CLAIMED:
+				if (q_tid_gone(owner)) {
+					/* Its sender died before publishing. */
+					if (q_cas(slot, w, next)) {
+						q_advance(&hdr->head, h);
+						q_wake(&hdr->con, &hdr->swait,
+						       false);
+					}
+					continue;
+				}
+				if (w != stall_w) {
+					stall_w = w;
+					stall_since = now_ns();
+				} else if (now_ns() - stall_since >=
+					   QUEUE_CLAIM_NS) {
+					/* Stopped or slow: revoke the claim. */
+					q_cas(slot, w, qs_make_tid(QS_QFULL, h,
+								   owner));
+					continue;
+				}
+				/* Wait for its publish, not past the bound. */
+				sub = *dl;
+				if (sub.ns > stall_since + QUEUE_CLAIM_NS)
+					sub.ns = stall_since + QUEUE_CLAIM_NS;
+				ret = q_wait(q, &hdr->pub, seen, &hdr->rwait,
+					     &sub);
+				if (ret == -ETIMEDOUT && !deadline_expired(dl))
+					ret = 0;
+				if (ret < 0)
+					return ret;
+				continue;
+			default:
+				break;
+			}
+		}
+		/*
+		 * EMPTY or QEMPTY: nothing at h yet.  When the tail is past
+		 * h anyway, no sender will fill it at h: a hole to pass.
+		 */
+		if (d == 0 && atomic_load(&hdr->tail) > h) {
+			if (qs_kind(w) == QS_QEMPTY && !q_tid_gone(owner))
+				next = qs_make_tid(QS_QEMPTY, h + q->capacity,
+						   owner);
+			if (q_cas(slot, w, next))
+				q_advance(&hdr->head, h);
+			continue;
+		}
+		if (atomic_load_explicit(&hdr->closed, memory_order_relaxed))
+			return -EPIPE;
+		if (q->pollable) {
+			q_poll_arm(q);
+			if (atomic_load(&slot->state) != w)
+				continue;
+		}
+		/*
+		 * About to idle: give back the grants batched by cache hits,
+		 * so that their producers see the segments released.
+		 */
+		ctx_flush_drops(q->ctx);
+		ret = q_wait(q, &hdr->pub, seen, &hdr->rwait, dl);
+		if (ret < 0)
+			return ret;
+	}
+}
+
+/*
+ * Copy the message @m found out of its slot: 0, -EBADMSG (malformed: the
+ * caller takes it and reports it), -EMSGSIZE / -ENOBUFS (left queued).
+ */
+static int q_copy(struct tshm_queue *q, struct qmsg *m, void *buf, size_t cap,
+		  size_t *len, unsigned room, unsigned *nsegs)
+{
+	struct qslot *slot = q_slot(q, m->pos);
+	struct qsegs *qs = q_slot_segs(q, slot);
+
+	/* Everything read from the slot is checked against local limits. */
+	m->len = slot->len;
+	m->nsegs = slot->nsegs;
+	atomic_signal_fence(memory_order_seq_cst);
+	if (m->len > q->max_msg || m->nsegs > TSHM_QUEUE_MAX_SEGS)
+		return -EBADMSG;
+	if (m->len > cap) {
+		if (len)
+			*len = m->len;
+		return -EMSGSIZE;
+	}
+	if (m->nsegs > room) {
+		if (nsegs)
+			*nsegs = m->nsegs;
+		return -ENOBUFS;
+	}
+	if (m->len)
+		memcpy(buf, slot->data, m->len);
+	if (m->nsegs) {
+		m->tag = qs->tag;
+		memcpy(m->h, qs->h, m->nsegs * sizeof(m->h[0]));
+	}
+	return 0;
+}
+
+/* Take the message: true when this receiver won it. */
+static bool q_take(struct tshm_queue *q, const struct qmsg *m)
+{
+	struct qhdr *hdr = q->hdr;
+
+	if (!q_cas(q_slot(q, m->pos), m->state,
+		   qs_make(QS_EMPTY, m->pos + q->capacity)))
+		return false;
+	q_advance(&hdr->head, m->pos);
+	q_wake(&hdr->con, &hdr->swait, false);
+	return true;
 }
 
 TSHM_EXPORT
 int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 		    struct tshm_seg **segs, unsigned *nsegs, int timeout_ms)
 {
-	unsigned room = nsegs ? *nsegs : 0, n;
+	unsigned room = nsegs ? *nsegs : 0;
 	const struct backend_ops *ops;
-	struct q_rx rx;
-	struct qhdr *hdr;
-	struct qslot *slot;
 	struct deadline dl;
-	uint64_t head, tail;
-	bool recovered;
-	uint32_t seen, mlen;
-	int ret;
+	struct q_rx rx;
+	struct qmsg m;
+	int ret, locked = 0;
+	bool took;
 
 	if (!q || (cap && !buf) || (room && !segs))
 		return -EINVAL;
-	hdr = q->hdr;
 	ops = q->ctx->ops;
 	deadline_init(&dl, timeout_ms);
-again:
 	for (;;) {
-		ret = q_lock(q, &dl);
-		if (ret < 0)
+		ret = q_find(q, &dl, &m);
+		if (ret < 0) {
+			if (ret == -EPIPE)
+				ctx_flush_drops(q->ctx);
 			return ret;
-		recovered = ret;
-		seen = atomic_load(&hdr->pub);
-		head = atomic_load_explicit(&hdr->head, memory_order_relaxed);
-		tail = atomic_load_explicit(&hdr->tail, memory_order_relaxed);
-		if (head != tail)
-			break;
-		if (atomic_load_explicit(&hdr->closed, memory_order_relaxed)) {
-			q_unlock(q, recovered);
-			ctx_flush_drops(q->ctx);
-			return -EPIPE;
 		}
-		if (q->pollable)
-			q_poll_arm(q);
-		q_unlock(q, recovered);
-		/*
-		 * About to idle: give back the grants batched by cache hits,
-		 * so that their producers see the segments released.
-		 */
-		ctx_flush_drops(q->ctx);
-		ret = q_wait(q, &hdr->pub, seen, &hdr->rwait, &dl);
+		ret = q_copy(q, &m, buf, cap, len, room, nsegs);
+		if (ret == -EBADMSG) {
+			if (q_take(q, &m))
+				return ret;
+			continue;
+		}
 		if (ret < 0)
 			return ret;
-	}
-
-	/* Everything read from the slot is checked against local limits. */
-	slot = q_slot(q, head);
-	mlen = slot->len;
-	n = slot->nsegs;
-	if (slot->pos != head || mlen > q->max_msg ||
-	    n > TSHM_QUEUE_MAX_SEGS) {
-		ret = -EBADMSG;
-		goto consume;
-	}
-	if (mlen > cap) {
-		if (len)
-			*len = mlen;
-		q_unlock(q, recovered);
-		return -EMSGSIZE;
-	}
-	if (n > room) {
-		if (nsegs)
-			*nsegs = n;
-		q_unlock(q, recovered);
-		return -ENOBUFS;
-	}
-	if (mlen)
-		memcpy(buf, slot->data, mlen);
-	rx.n = n;
-	rx.tag = slot->tag;
-	memcpy(rx.h, slot->h, n * sizeof(rx.h[0]));
-	ret = n ? ops->q_recv_take(q, &rx, segs) : 0;
-	if (ret < 0) {
-		/* No room for the segments' fds: the message stays. */
-		q_unlock(q, recovered);
-		if (ops->q_recv_undo)
+		if (!m.nsegs) {
+			if (q_take(q, &m))
+				break;
+			continue;
+		}
+		memset(&rx, 0, sizeof(rx));
+		rx.n = m.nsegs;
+		rx.tag = m.tag;
+		memcpy(rx.h, m.h, m.nsegs * sizeof(rx.h[0]));
+		/*
+		 * An ordered transport gives up its messages in ring order
+		 * only: only holders of the segment lock take such slots.
+		 */
+		if (ops->q_ordered) {
+			locked = q_lock(q, &dl);
+			if (locked < 0)
+				return locked;
+			if (atomic_load(&q_slot(q, m.pos)->state) != m.state) {
+				q_unlock(q, locked);
+				continue;
+			}
+		}
+		ret = ops->q_recv_take(q, &rx, segs);
+		if (ret < 0) {
+			/* No room for the segments' fds: the message stays. */
+			if (ops->q_ordered)
+				q_unlock(q, locked);
+			if (ops->q_recv_undo)
+				ops->q_recv_undo(q, &rx, segs);
+			return ret;
+		}
+		took = q_take(q, &m);
+		if (took && ret == 0 && ops->q_recv_commit)
+			ops->q_recv_commit(q, &rx, segs);
+		if (ops->q_ordered)
+			q_unlock(q, locked);
+		if (!took && ops->q_recv_undo)
 			ops->q_recv_undo(q, &rx, segs);
-		return ret;
-	}
-consume:
-	/* The commit: the message is taken once head moves past it. */
-	atomic_store_explicit(&hdr->head, head + 1, memory_order_release);
-	/* Then what the backend does once the message is taken. */
-	if (ret == 0 && n && ops->q_recv_commit)
-		ops->q_recv_commit(q, &rx, segs);
-	q_unlock(q, recovered);
-	q_wake(&hdr->con, &hdr->swait, false);
-	if (ret == 1)
-		goto again;	/* a dead receiver took it: skip */
-	if (ret < 0)
-		return ret;
-
-	if (n) {
+		if (!took || ret == 1)
+			continue;	/* taken by another, or its fds are gone */
 		ret = ops->q_recv_finish(q, &rx, segs);
 		if (ret < 0)
 			return ret;
+		break;
 	}
 	if (len)
-		*len = mlen;
+		*len = m.len;
 	if (nsegs)
-		*nsegs = n;
+		*nsegs = m.nsegs;
 	return 0;
 }
 
 TSHM_EXPORT
 int tshm_queue_close(struct tshm_queue *q)
 {
-	struct deadline dl;
-	int ret;
-
 	if (!q)
 		return -EINVAL;
-	deadline_init(&dl, -1);
-	ret = q_lock(q, &dl);
-	if (ret < 0)
-		return ret;
 	atomic_store(&q->hdr->closed, 1);
-	q_unlock(q, ret);
 	q_wake(&q->hdr->pub, &q->hdr->rwait, true);
 	q_wake(&q->hdr->con, &q->hdr->swait, true);
 	q_poll_wake(q, true);
@@ -263,6 +566,8 @@ unsigned tshm_queue_len(struct tshm_queue *q)
 	uint64_t head = atomic_load(&q->hdr->head);
 	uint64_t tail = atomic_load(&q->hdr->tail);
 
+	if (tail < head)
+		return 0;
 	return tail - head > q->capacity ? q->capacity : tail - head;
 }
 
@@ -444,6 +749,13 @@ int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
 	pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
 	ret = -pthread_mutex_init(&hdr->lock, &attr);
 	pthread_mutexattr_destroy(&attr);
+	for (unsigned i = 0; i < capacity; i++) {
+		struct qslot *slot = (struct qslot *)((unsigned char *)hdr +
+						      hdr_size() +
+						      i * slot_size);
+
+		atomic_init(&slot->state, qs_make(QS_EMPTY, i));
+	}
 	munmap(hdr, map_size);
 	if (ret < 0)
 		goto fail;

@@ -4,8 +4,9 @@
  * memory, the process-local queue object, and the functions each file
  * offers the others.  Nothing here is ABI.  Files:
  *
- *   queue.c         creation, attachment, send, receive, close
- *   queue-wait.c    the ring lock, sleeps and wake-ups, the pollable fd
+ *   queue.c         creation, attachment, send, receive, close: the
+ *                   slot ring (Documentation/lib/queue.rst)
+ *   queue-wait.c    the segment lock, sleeps and wake-ups, the pollable fd
  *   kmod-queue.c    segments through the queue on the module: grants
  *                   and the spare table (backend_ops, backend.h)
  *   memfd-queue.c   the same on the fallback: fds and tags in a socket
@@ -17,7 +18,7 @@
 #include "tshm-private.h"
 
 #define QUEUE_MAGIC		0x51485354U	/* "TSHQ" */
-#define QUEUE_VERSION		4
+#define QUEUE_VERSION		5
 #define QUEUE_MAX_CAPACITY	65536U
 #define QUEUE_MAX_MSG		(16UL << 20)
 #define QUEUE_MAX_RING		(1UL << 30)
@@ -26,6 +27,11 @@
 #define QUEUE_SNDBUF		(8 << 20)
 #define QUEUE_MAX_FDS		4	/* see q_fds() */
 #define CACHELINE		64
+/*
+ * A slot claimed this long by a live sender is revoked by the receiver
+ * that waits for it (Documentation/lib/queue.rst, "A stopped participant").
+ */
+#define QUEUE_CLAIM_NS		(20 * 1000 * 1000LL)
 /* Module: the spare-grant table (Documentation/lib/queue.rst). */
 #define QUEUE_SPARES		64
 #define QUEUE_SPARE_PROBE	8
@@ -52,7 +58,12 @@ struct qhdr {
 	uint64_t max_msg;
 	uint64_t map_size;
 
-	/* The lock and the state only its holder changes. */
+	/*
+	 * The segment lock.  Never needed by byte-only messages.  Fallback:
+	 * serializes the messages that carry fds, so that socket order is
+	 * ring order.  Module: guards the spare table, and is only ever
+	 * tried (a busy lock costs a GRANT or a DROP, never a wait).
+	 */
 	pthread_mutex_t lock __attribute__((aligned(CACHELINE)));
 	/*
 	 * Waiting for the lock: @lockseq moves at every unlock; @lockwait is
@@ -65,6 +76,11 @@ struct qhdr {
 	_Atomic uint32_t closed;
 	uint64_t tag;			/* fallback: last socket tag used */
 
+	/*
+	 * Hints, not commits: the next position to send to and to receive
+	 * from.  Anyone who finds the slot at the hint dealt with moves it
+	 * on; the slots' state words are the truth.
+	 */
 	_Atomic uint64_t head __attribute__((aligned(CACHELINE)));
 	_Atomic uint64_t tail __attribute__((aligned(CACHELINE)));
 
@@ -85,14 +101,90 @@ struct qhdr {
 	struct qspare spare[QUEUE_SPARES] __attribute__((aligned(CACHELINE)));
 } __attribute__((aligned(CACHELINE)));
 
+/*
+ * A slot's state word: what the slot holds and for which queue position.
+ * EMPTY and FULL carry the whole position (61 bits); the states that name a
+ * thread carry its tid (22 bits, PID_MAX_LIMIT) and the position's low 39
+ * bits.  Every transition is one compare-and-swap from a value that names
+ * the position, so none can be replayed at another position.
+ *
+ *   EMPTY(p)        free for the sender of position p
+ *   CLAIMED(p, t)   thread t is writing the message of position p
+ *   FULL(p)         the message of position p, ready to be taken
+ *   QFULL(p, t)     no message at p: t's claim was revoked, receivers pass
+ *   QEMPTY(p, t)    as EMPTY, but t may still be writing into the slot:
+ *                   senders pass it (making it QFULL) until t is gone or
+ *                   has given it back (t = 0)
+ */
+enum {
+	QS_EMPTY,
+	QS_FULL,
+	QS_CLAIMED,
+	QS_QFULL,
+	QS_QEMPTY,
+};
+
+#define QS_KIND_BITS	3
+#define QS_TID_BITS	22
+#define QS_POSL_BITS	39
+#define QS_TID_MASK	((1U << QS_TID_BITS) - 1)
+#define QS_POSL_MASK	((1ULL << QS_POSL_BITS) - 1)
+
+static inline unsigned qs_kind(uint64_t w)
+{
+	return w & ((1U << QS_KIND_BITS) - 1);
+}
+
+static inline bool qs_has_tid(uint64_t w)
+{
+	return qs_kind(w) >= QS_CLAIMED;
+}
+
+static inline uint32_t qs_tid(uint64_t w)
+{
+	return (w >> QS_KIND_BITS) & QS_TID_MASK;
+}
+
+static inline uint64_t qs_make(unsigned kind, uint64_t pos)
+{
+	return pos << QS_KIND_BITS | kind;
+}
+
+static inline uint64_t qs_make_tid(unsigned kind, uint64_t pos, uint32_t tid)
+{
+	return (pos & QS_POSL_MASK) << (QS_KIND_BITS + QS_TID_BITS) |
+	       (uint64_t)(tid & QS_TID_MASK) << QS_KIND_BITS | kind;
+}
+
+/* The state's position minus @pos: < 0 an older lap, > 0 a newer one. */
+static inline int64_t qs_diff(uint64_t w, uint64_t pos)
+{
+	uint64_t d;
+
+	if (!qs_has_tid(w))
+		return (int64_t)((w >> QS_KIND_BITS) - pos);
+	d = ((w >> (QS_KIND_BITS + QS_TID_BITS)) - pos) & QS_POSL_MASK;
+	if (d & (1ULL << (QS_POSL_BITS - 1)))
+		return (int64_t)(d | ~QS_POSL_MASK);
+	return (int64_t)d;
+}
+
+/*
+ * One slot: the state word, the length and the bytes share the first cache
+ * line (a message of up to 48 bytes moves one line); the segments' handles
+ * follow the bytes.
+ */
 struct qslot {
-	uint64_t pos;			/* the position this slot holds */
-	uint64_t tag;			/* fallback: its socket message */
+	_Atomic uint64_t state;
 	uint32_t len;
 	uint32_t nsegs;
-	uint64_t __pad;
-	struct tshm_handle h[TSHM_QUEUE_MAX_SEGS];
 	unsigned char data[];
+};
+
+/* After the bytes of every slot: what segments a message carries. */
+struct qsegs {
+	uint64_t tag;			/* fallback: its socket message */
+	struct tshm_handle h[TSHM_QUEUE_MAX_SEGS];
 };
 
 /* What travels through the fallback's socket next to the fds. */
@@ -125,7 +217,8 @@ struct tshm_queue {
 
 static inline size_t slot_size_for(size_t max_msg)
 {
-	return ALIGN_UP(sizeof(struct qslot) + max_msg, CACHELINE);
+	return ALIGN_UP(sizeof(struct qslot) + ALIGN_UP(max_msg, 8) +
+			sizeof(struct qsegs), CACHELINE);
 }
 
 static inline size_t hdr_size(void)
@@ -138,13 +231,22 @@ static inline struct qslot *q_slot(struct tshm_queue *q, uint64_t pos)
 	return (struct qslot *)(q->slots + (pos % q->capacity) * q->slot_size);
 }
 
+static inline struct qsegs *q_slot_segs(struct tshm_queue *q,
+					struct qslot *slot)
+{
+	return (struct qsegs *)(slot->data + ALIGN_UP(q->max_msg, 8));
+}
+
 /* queue.c */
 int q_attach(struct tshm_ctx *ctx, int fd, int gfd, const int *sfd, int efd,
 	     struct tshm_queue **out);
 
-/* queue-wait.c: the ring lock, sleeps and wake-ups, the pollable fd */
+/* queue-wait.c: the segment lock, sleeps and wake-ups, the pollable fd */
 int q_lock(struct tshm_queue *q, const struct deadline *dl);
+int q_trylock(struct tshm_queue *q);
 void q_unlock(struct tshm_queue *q, bool recovered);
+uint32_t q_tid(void);
+bool q_tid_gone(uint32_t tid);
 void q_wake(_Atomic uint32_t *word, _Atomic uint32_t *waiters, bool force);
 int q_wait(struct tshm_queue *q, _Atomic uint32_t *word, uint32_t seen,
 	   _Atomic uint32_t *waiters, const struct deadline *dl);
