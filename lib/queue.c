@@ -8,8 +8,9 @@
  * publishes it with another; a receiver copies a FULL slot out and takes it
  * with one more.  No lock is held across any of it, so a sender or receiver
  * stopped or killed anywhere costs the others at most the slot it claimed:
- * a receiver that waits QUEUE_CLAIM_NS for a claim to be published revokes
- * it, and the slow sender, finding its publish refused, sends again.
+ * a receiver that waits q_claim_bound_ns() for a claim to be published
+ * revokes it, and the slow sender, finding its publish refused, sends
+ * again.
  *
  * Segments never go through the ring as memory: only their ids.  On the
  * module the sender grants each segment to the queue's own /dev/tshm
@@ -307,13 +308,14 @@ struct qmsg {
 /*
  * Find the oldest message: 0 with @m's pos and state (FULL), else -EPIPE,
  * -EAGAIN / -ETIMEDOUT, -EINTR.  Passes over revoked claims, and revokes a
- * claim that stays unpublished for QUEUE_CLAIM_NS (or whose thread is gone).
+ * claim that stays unpublished for q_claim_bound_ns() (or whose thread is
+ * gone).
  */
 static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
 {
+	int64_t d, stall_since = 0, bound = q_claim_bound_ns(q->max_msg);
 	struct qhdr *hdr = q->hdr;
 	uint64_t h, w, stall_w = 0, next;
-	int64_t d, stall_since = 0;
 	struct deadline sub;
 	struct qslot *slot;
 	unsigned spins = 0;
@@ -366,7 +368,7 @@ static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
 					stall_w = w;
 					stall_since = now_ns();
 				} else if (now_ns() - stall_since >=
-					   QUEUE_CLAIM_NS) {
+					   bound) {
 					/* Stopped or slow: revoke the claim. */
 					q_cas(slot, w, qs_make_tid(QS_QFULL, h,
 								   owner));
@@ -374,8 +376,8 @@ static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
 				}
 				/* Wait for its publish, not past the bound. */
 				sub = *dl;
-				if (sub.ns > stall_since + QUEUE_CLAIM_NS)
-					sub.ns = stall_since + QUEUE_CLAIM_NS;
+				if (sub.ns > stall_since + bound)
+					sub.ns = stall_since + bound;
 				ret = q_wait(q, &hdr->pub, seen, &hdr->rwait,
 					     &sub);
 				if (ret == -ETIMEDOUT && !deadline_expired(dl))

@@ -29,9 +29,17 @@
 #define CACHELINE		64
 /*
  * A slot claimed this long by a live sender is revoked by the receiver
- * that waits for it (Documentation/lib/queue.rst, "A stopped participant").
+ * that waits for it (Documentation/lib/queue.rst, "A stopped participant"),
+ * plus the time to copy max_msg bytes at a pessimistic 100 MB/s, so that a
+ * sender of big messages is not revoked for copying them.
  */
 #define QUEUE_CLAIM_NS		(20 * 1000 * 1000LL)
+#define QUEUE_CLAIM_NS_PER_BYTE	10
+
+static inline int64_t q_claim_bound_ns(size_t max_msg)
+{
+	return QUEUE_CLAIM_NS + (int64_t)max_msg * QUEUE_CLAIM_NS_PER_BYTE;
+}
 /* Module: the spare-grant table (Documentation/lib/queue.rst). */
 #define QUEUE_SPARES		64
 #define QUEUE_SPARE_PROBE	8
