@@ -8,8 +8,12 @@
  * Documentation/lib/queue.rst has the argument.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "queue.h"
@@ -103,10 +107,13 @@ int q_trylock(struct tshm_queue *q)
  */
 static __thread uint32_t q_tid_cache;
 static pthread_once_t q_tid_once = PTHREAD_ONCE_INIT;
+/* This process's pid namespace, +1 (0: not looked up since the fork). */
+static _Atomic uint64_t q_pidns_cache;
 
 static void q_tid_forget(void)
 {
 	q_tid_cache = 0;
+	atomic_store_explicit(&q_pidns_cache, 0, memory_order_relaxed);
 }
 
 static void q_tid_init(void)
@@ -124,16 +131,61 @@ uint32_t q_tid(void)
 }
 
 /*
+ * The calling process's pid namespace: the inode of /proc/self/ns/pid, or
+ * 0 where that cannot be read (no /proc: the check is then skipped).
+ * Looked up once per process; the atfork reset covers a child forked
+ * into a new namespace after unshare(CLONE_NEWPID).
+ */
+uint64_t q_pidns(void)
+{
+	uint64_t v = atomic_load_explicit(&q_pidns_cache, memory_order_relaxed);
+	struct stat st;
+
+	if (likely(v))
+		return v - 1;
+	pthread_once(&q_tid_once, q_tid_init);
+	v = stat("/proc/self/ns/pid", &st) ? 0 : (uint64_t)st.st_ino;
+	atomic_store_explicit(&q_pidns_cache, v + 1, memory_order_relaxed);
+	return v;
+}
+
+/* Whether /proc says thread @tid is a zombie (exited, not yet reaped). */
+static bool q_tid_zombie(uint32_t tid)
+{
+	char path[40], buf[512], *p;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%u/stat", tid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = 0;
+	/* "tid (comm) S ...": comm may hold ')' itself, so take the last. */
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+/*
  * Has thread @tid exited?  Only "yes" is acted on (a claim it left is
- * freed), so an error other than ESRCH, a zombie or a reused id all count
- * as alive: the slot then stays passed over, which costs capacity, never a
- * torn message.
+ * freed).  ESRCH, or a zombie (killed, not yet reaped by its parent: it
+ * runs no more code), is "yes"; any other error or a reused id counts as
+ * alive: the slot then stays passed over, which costs capacity, never a
+ * torn message.  Asked only where a claim is already suspect, never on
+ * the fast path.  Meaningful because every participant shares one pid
+ * namespace (q_pidns()).
  */
 bool q_tid_gone(uint32_t tid)
 {
 	if (!tid)
 		return true;
-	return kill((pid_t)tid, 0) < 0 && errno == ESRCH;
+	if (kill((pid_t)tid, 0) < 0)
+		return errno == ESRCH;
+	return q_tid_zombie(tid);
 }
 
 void q_wake(_Atomic uint32_t *word, _Atomic uint32_t *waiters,

@@ -254,6 +254,8 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 		return -EMSGSIZE;
 	if (nsegs > TSHM_QUEUE_MAX_SEGS)
 		return -E2BIG;
+	if (!q_pidns_ok(q))
+		return -EXDEV;
 	for (i = 0; i < nsegs; i++) {
 		if (!segs[i])
 			return -EINVAL;
@@ -313,9 +315,9 @@ struct qmsg {
  */
 static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
 {
-	int64_t d, stall_since = 0, bound = q_claim_bound_ns(q->max_msg);
+	int64_t d, stall_since, bound = q_claim_bound_ns(q->max_msg);
 	struct qhdr *hdr = q->hdr;
-	uint64_t h, w, stall_w = 0, next;
+	uint64_t h, w, next;
 	struct deadline sub;
 	struct qslot *slot;
 	unsigned spins = 0;
@@ -364,11 +366,20 @@ static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
 					}
 					continue;
 				}
-				if (w != stall_w) {
-					stall_w = w;
+				/*
+				 * Since when this claim stands unpublished:
+				 * remembered in @q across calls (a race
+				 * between threads only moves the moment, and
+				 * revoking a live claim costs it a retry).
+				 */
+				if (atomic_load(&q->stall_w) != w) {
 					stall_since = now_ns();
-				} else if (now_ns() - stall_since >=
-					   bound) {
+					atomic_store(&q->stall_since,
+						     stall_since);
+					atomic_store(&q->stall_w, w);
+				} else if ((stall_since =
+					    atomic_load(&q->stall_since)),
+					   now_ns() - stall_since >= bound) {
 					/* Stopped or slow: revoke the claim. */
 					q_cas(slot, w, qs_make_tid(QS_QFULL, h,
 								   owner));
@@ -481,6 +492,8 @@ int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 
 	if (!q || (cap && !buf) || (room && !segs))
 		return -EINVAL;
+	if (!q_pidns_ok(q))
+		return -EXDEV;
 	ops = q->ctx->ops;
 	deadline_init(&dl, timeout_ms);
 	for (;;) {
@@ -680,7 +693,8 @@ int q_attach(struct tshm_ctx *ctx, int fd, int gfd, const int *sfd,
 		munmap(map, st.st_size);
 		return -EBADMSG;
 	}
-	if (ctx->ops->wire != geo.backend) {
+	if (ctx->ops->wire != geo.backend ||
+	    (geo.pidns && q_pidns() && geo.pidns != q_pidns())) {
 		munmap(map, st.st_size);
 		return -EXDEV;
 	}
@@ -704,6 +718,7 @@ int q_attach(struct tshm_ctx *ctx, int fd, int gfd, const int *sfd,
 	q->efd = efd;
 	q->wait = TSHM_WAIT_ADAPTIVE;
 	q->spin_us = QUEUE_SPIN_US;
+	q->pidns = geo.pidns;
 	pthread_mutex_lock(&ctx->qlock);
 	q->ctx_next = ctx->queues;
 	ctx->queues = q;
@@ -746,6 +761,7 @@ int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
 	hdr->max_segs = TSHM_QUEUE_MAX_SEGS;
 	hdr->max_msg = max_msg;
 	hdr->map_size = map_size;
+	hdr->pidns = q_pidns();
 	pthread_mutexattr_init(&attr);
 	pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
 	pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);

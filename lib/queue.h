@@ -65,6 +65,12 @@ struct qhdr {
 	uint32_t max_segs;
 	uint64_t max_msg;
 	uint64_t map_size;
+	/*
+	 * The creator's pid namespace (st_ino of /proc/self/ns/pid; 0 when
+	 * unknown): claims name threads by id, which means something only in
+	 * one namespace, so processes of another one are refused (-EXDEV).
+	 */
+	uint64_t pidns;
 
 	/*
 	 * The segment lock.  Never needed by byte-only messages.  Fallback:
@@ -221,6 +227,14 @@ struct tshm_queue {
 	bool pollable;			/* this process polls @efd */
 	enum tshm_wait wait;
 	unsigned spin_us;
+	uint64_t pidns;			/* the snapshot of hdr->pidns */
+	/*
+	 * The unpublished claim a receiver last found at the head, and since
+	 * when: kept across calls, so that receivers with timeouts shorter
+	 * than the claim bound (timeout 0, a poll loop) still add up to it.
+	 */
+	_Atomic uint64_t stall_w;
+	_Atomic int64_t stall_since;
 };
 
 static inline size_t slot_size_for(size_t max_msg)
@@ -255,6 +269,18 @@ int q_trylock(struct tshm_queue *q);
 void q_unlock(struct tshm_queue *q, bool recovered);
 uint32_t q_tid(void);
 bool q_tid_gone(uint32_t tid);
+uint64_t q_pidns(void);
+
+/* Whether this process shares the queue creator's pid namespace. */
+static inline bool q_pidns_ok(const struct tshm_queue *q)
+{
+	uint64_t ns;
+
+	if (!q->pidns)
+		return true;
+	ns = q_pidns();
+	return !ns || ns == q->pidns;
+}
 void q_wake(_Atomic uint32_t *word, _Atomic uint32_t *waiters, bool force);
 int q_wait(struct tshm_queue *q, _Atomic uint32_t *word, uint32_t seen,
 	   _Atomic uint32_t *waiters, const struct deadline *dl);

@@ -194,7 +194,8 @@ int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
  * Copy @len bytes and pass @nsegs segments (the caller keeps its references;
  * the same segment may be sent many times, received segments may be sent
  * on).  -EMSGSIZE: @len > max_msg.  -E2BIG: too many segments.  -EPIPE: the
- * queue is closed.  -EXDEV: a segment from the other backend.
+ * queue is closed.  -EXDEV: a segment from the other backend, or a caller
+ * in another pid namespace than the queue's creator (below).
  *
  * Fallback only: each segment in flight is two fds in a Unix socket, and
  * the kernel lets a user have at most RLIMIT_NOFILE fds in flight (all its
@@ -218,7 +219,10 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
  * (RLIMIT_NOFILE); the message stays queued.  -EPIPE: closed and drained.
  * -EBADMSG: the slot was corrupted, or what arrived with it was not what
  * the library sends (an unsealed memfd, a foreign fd); it has been
- * skipped.
+ * skipped.  -EXDEV: the caller is in another pid namespace than the
+ * queue's creator: the ring names the threads that hold slots by their
+ * ids, which mean something in one pid namespace only, so every process
+ * that uses a queue must share its creator's.
  */
 int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 		    struct tshm_seg **segs, unsigned *nsegs, int timeout_ms);
@@ -268,7 +272,7 @@ const char *tshm_wait_name(enum tshm_wait policy);
  * async-signal-safe.  tshm_queue_import() in the new program takes the fds
  * over (they are closed by the last unref) and validates the shared header
  * (-EBADMSG for a foreign or corrupted queue, -EXDEV for a context of the
- * other backend).
+ * other backend or a process in another pid namespace than the creator's).
  *
  * To an unrelated process: tshm_queue_send_fd() over a connected AF_UNIX
  * socket, tshm_queue_recv_fd() on the other end.
