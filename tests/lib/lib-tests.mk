@@ -8,7 +8,7 @@ LIB_TEST_ASAN_B := $(B)/asan/tests/lib
 LIB_TEST_BINS  := $(addprefix $(LIB_TEST_B)/,$(LIB_TESTS))
 LIB_TEST_ASAN_BINS := $(addprefix $(LIB_TEST_ASAN_B)/,$(LIB_TESTS))
 LIB_TEST_CFLAGS := $(TEST_CFLAGS) -Wno-sign-compare
-LIB_TEST_DEPS  := tests/lib/tshm-test.h lib/include/tshm.h
+LIB_TEST_DEPS  := tests/lib/tshm-test.h tests/lib/stop-in-copy.h lib/include/tshm.h
 
 TESTS_BOTH      += $(LIB_TEST_BINS)
 TESTS_HOST_ASAN += $(LIB_TEST_ASAN_BINS)

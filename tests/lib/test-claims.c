@@ -25,37 +25,17 @@
 #include <sys/mman.h>
 
 #include "tshm-test.h"
+#include "stop-in-copy.h"
 
 #define MSG	4096
 
-static void *fault_page;
-
-static void on_segv(int sig, siginfo_t *si, void *uc)
-{
-	char *a = si->si_addr, *p = fault_page;
-
-	if (!p || a < p || a >= p + MSG) {
-		signal(SIGSEGV, SIG_DFL);
-		return;
-	}
-	raise(SIGSTOP);
-	mprotect(fault_page, MSG, PROT_READ | PROT_WRITE);
-}
-
+/* A page-aligned message the library's copy will stop this process in. */
 static void *arm_fault(char fill)
 {
-	struct sigaction sa = { .sa_sigaction = on_segv,
-				.sa_flags = SA_SIGINFO | SA_NODEFER };
-	char *p;
+	char *p = stop_in_copy_buffer(MSG);
 
-	p = mmap(NULL, MSG, PROT_READ | PROT_WRITE,
-		 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED)
-		_exit(90);
 	memset(p, fill, MSG);
-	if (sigaction(SIGSEGV, &sa, NULL) || mprotect(p, MSG, PROT_NONE))
-		_exit(91);
-	fault_page = p;
+	stop_in_copy_arm(p, MSG);
 	return p;
 }
 

@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 
 #include "tshm-test.h"
+#include "stop-in-copy.h"
 
 #define CAPACITY	4
 #define MSG		4096
@@ -24,37 +25,15 @@
 #define TIMEOUT_MS	5000	/* each call's timeout: none may reach it */
 #define STOPPED_ID	0xffffu
 
-static void *fault_page;
 static pid_t stopped_child;	/* killed by the teardown if a test failed */
-
-static void on_segv(int sig, siginfo_t *si, void *uc)
-{
-	char *a = si->si_addr, *p = fault_page;
-
-	if (!p || a < p || a >= p + MSG) {
-		signal(SIGSEGV, SIG_DFL);
-		return;
-	}
-	raise(SIGSTOP);
-	mprotect(fault_page, MSG, PROT_READ | PROT_WRITE);
-}
 
 /* A page-aligned buffer the next copy will stop this process in. */
 static void *arm_fault(uint32_t fill)
 {
-	struct sigaction sa = { .sa_sigaction = on_segv,
-				.sa_flags = SA_SIGINFO | SA_NODEFER };
-	char *p;
+	char *p = stop_in_copy_buffer(MSG);
 
-	p = mmap(NULL, MSG, PROT_READ | PROT_WRITE,
-		 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED)
-		_exit(90);
-	memset(p, 0, MSG);
 	memcpy(p, &fill, sizeof(fill));
-	if (sigaction(SIGSEGV, &sa, NULL) || mprotect(p, MSG, PROT_NONE))
-		_exit(91);
-	fault_page = p;
+	stop_in_copy_arm(p, MSG);
 	return p;
 }
 
