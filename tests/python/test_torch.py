@@ -337,6 +337,22 @@ def test_context_queue_api():
     assert isinstance(ctx.Queue(), tshm.torch._mpqueue.Queue)
 
 
+def _double(t):
+    return t * 2
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_context_pool_maps_tensors(method):
+    """ctx.Pool() works on every context (multiprocessing.Pool reaches
+    into its SimpleQueues' pipes): tensors go out to the workers and come
+    back doubled.  Two workers: spawn and forkserver ones import torch."""
+    ctx = tshm.torch.get_context(method)
+    xs = [torch.full((1000,), float(i)) for i in range(6)]
+    with ctx.Pool(2) as pool:
+        got = pool.map(_double, xs)
+    assert all(torch.equal(g, x * 2) for g, x in zip(got, xs))
+
+
 def _firsts(q, r):
     r.put([float(y[0]) for y in q.get(timeout=60)])
 

@@ -19,6 +19,7 @@ See Documentation/python/torch.rst.
 
 import multiprocessing
 import multiprocessing.context as _mpc
+import multiprocessing.queues
 
 import torch
 import torch.multiprocessing
@@ -145,6 +146,29 @@ class _TshmQueues:
 
     def SimpleQueue(self):
         return _mpqueue.SimpleQueue()
+
+    def Pool(self, processes=None, initializer=None, initargs=(),
+             maxtasksperchild=None):
+        from multiprocessing.pool import Pool
+        return Pool(processes, initializer, initargs, maxtasksperchild,
+                    context=_PoolContext(self))
+
+
+class _PoolContext:
+    """The context a Pool runs on: the tshm.torch context's processes,
+    multiprocessing's own SimpleQueue.  multiprocessing.pool.Pool uses
+    its queues' pipes directly (_reader, _writer, _rlock); tensors go
+    through them as ForkingPickler sends them (the "tshm" strategy's
+    reducers, a segment's fd through the resource sharer)."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+
+    def SimpleQueue(self):
+        return multiprocessing.queues.SimpleQueue(ctx=self._ctx)
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
 
 
 class ForkContext(_TshmQueues, _mpc.ForkContext):
