@@ -14,20 +14,41 @@ do they.  Each worker first applies multiprocessing's preparation data
 its (fn, args), pickled once per rank by the caller with ForkingPickler.
 
 The caller talks to the zygote over a multiprocessing Connection (a
-socket pair the zygote inherits), one request at a time:
+socket pair the zygote inherits), one request at a time; the zygote
+first says ("ok", its pid) once it imported torch, then answers:
 
-    ("spawn", prep, calls, nprocs, env) -> ("ok", pids) | ("err", text)
-    ("join", key, timeout)               -> (result, traceback text)
-    ("close", key)                       -> ("ok",)
+    ("spawn", prep, calls, nprocs, env, environ) -> ("ok", pids)
+    ("join", key, timeout)                       -> ("ok", (result, tb))
+    ("close", key)                               -> ("ok", None)
 
-where result is what _Procs.join() returns.  A join waits at most
-JOIN_SLICE seconds in the zygote, so that one set's join never holds up
-another's; the caller loops.  The zygote exits when the caller closes
-the connection or exits.
+or ("err", text) for a request that raised (the zygote goes on), where
+result is what _Procs.join() returns.  A join waits at most JOIN_SLICE
+seconds in the zygote, so that one set's join never holds up another's;
+the caller loops.  The zygote exits when the caller closes the
+connection or exits.
+
+What can go wrong, and what happens then:
+
+* the zygote dies (the OOM killer, a stray kill): its workers die with
+  it; a join in progress raises torch's ProcessExitedException naming
+  the zygote, and the next spawn starts a new zygote.  It ignores SIGINT
+  (its workers do not): a kill -INT to every process does not take the
+  forkserver down;
+* this process forks (another thread may be talking to the zygote,
+  holding the lock): the child forgets the zygote and the lock, and
+  starts its own zygote on first use;
+* the zygote's environment is the caller's when it started: each spawn
+  request carries the caller's os.environ of that moment, which the
+  workers take (the thread budget set for them kept), and multiprocessing's
+  preparation data (sys.path, cwd, main module);
+* the caller may have found tshm through sys.path, not PYTHONPATH: the
+  zygote starts with PYTHONPATH set to the caller's sys.path, and one
+  that cannot come up is a RuntimeError with what it wrote to stderr.
 """
 
 import os
 import pickle
+import signal
 import socket
 import sys
 import threading
@@ -37,38 +58,118 @@ from multiprocessing import connection, spawn as mp_spawn
 from .._tshm import _Procs
 
 JOIN_SLICE = 0.2
-_SERVE = ("import sys; from tshm.torch._zygote import _serve; "
-          "_serve(int(sys.argv[1]))")
+#: How much of a zygote's start-up stderr a failure to come up shows.
+STDERR_SHOWN = 16 * 1024
+# The zygote's stderr goes to a memfd until it is up: if it cannot come
+# up (tshm or torch not importable), that is what the caller shows.
+_SERVE = ("import os, sys; err = os.dup(2); os.dup2(int(sys.argv[2]), 2); "
+          "from tshm.torch._zygote import _serve; "
+          "_serve(int(sys.argv[1]), int(sys.argv[2]), err)")
 
 _lock = threading.Lock()
 _zygote = None            # (pid of its starter, _Procs, Connection)
 
 
-def _connection():
-    """The zygote of this process, started on first use."""
-    global _zygote
-    if _zygote is not None and _zygote[0] == os.getpid():
-        return _zygote[2]
+def _after_fork_in_child():
+    # Another thread may have held the lock, talking to the zygote: that
+    # thread does not exist here.  The zygote is the parent's.
+    global _lock, _zygote
+    _lock = threading.Lock()
+    _zygote = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class ZygoteLost(Exception):
+    """The zygote died or its connection broke: (rank, pid, exit_code,
+    signo, message, summary) of the zygote, as _Procs.join() says."""
+
+
+def _pythonpath():
+    """The caller's sys.path as PYTHONPATH: the zygote finds what the
+    caller found, however the caller found it."""
+    return os.pathsep.join(os.path.abspath(p) for p in sys.path
+                           if isinstance(p, str))
+
+
+def _start():
+    """A new zygote: (its _Procs, Connection) once it is up."""
     mine, theirs = socket.socketpair()
+    log = os.memfd_create("tshm-zygote-stderr", os.MFD_CLOEXEC)
     try:
         os.set_inheritable(theirs.fileno(), True)
-        procs = _Procs([sys.executable, "-c", _SERVE,
-                        str(theirs.fileno())], 1)
-    except BaseException:
-        mine.close()
-        raise
-    finally:
+        log_child = os.dup(log)
+        try:
+            os.set_inheritable(log_child, True)
+            procs = _Procs([sys.executable, "-c", _SERVE,
+                            str(theirs.fileno()), str(log_child)], 1,
+                           env={"PYTHONPATH": _pythonpath()})
+        finally:
+            os.close(log_child)
         theirs.close()
-    conn = connection.Connection(mine.detach())
-    _zygote = (os.getpid(), procs, conn)
-    return conn
+        conn = connection.Connection(mine.detach())
+        try:
+            conn.recv()                 # ("ok", pid) once it is up
+        except (OSError, EOFError):
+            conn.close()
+            res = procs.join(10)
+            procs.close()
+            raise RuntimeError(
+                "tshm.torch.spawn: the forkserver zygote did not come up "
+                f"({_how(res)}); its stderr:\n"
+                + os.pread(log, STDERR_SHOWN, 0).decode("utf-8", "replace")
+            ) from None
+        return procs, conn
+    finally:
+        mine.close()
+        theirs.close()
+        os.close(log)
 
 
-def _ask(request):
+def _how(res):
+    if not res:
+        return "no exit status"
+    return f"killed by signal {res[3]}" if res[3] else f"exit status {res[2]}"
+
+
+def _forget():
+    """Let go of the zygote (dead, or its connection broken); the next
+    request starts a new one.  How it ended, as _Procs.join() says."""
+    global _zygote
+    _, procs, conn = _zygote
+    _zygote = None
+    conn.close()
+    res = procs.join(1)       # gone already, as a rule
+    if not res:
+        procs.terminate()
+        res = procs.join()
+    procs.close()
+    return res
+
+
+def _ask(request, retry=False):
+    """The zygote's answer to request; retry: once more with a new zygote
+    if this one is gone (a spawn: nothing was started for it that
+    outlives the old zygote).  Raises ZygoteLost."""
+    global _zygote
     with _lock:
-        conn = _connection()
-        conn.send(request)
-        return conn.recv()
+        for attempt in (0, 1):
+            if _zygote is None:
+                _zygote = (os.getpid(), *_start())
+            try:
+                _zygote[2].send(request)
+                status, value = _zygote[2].recv()
+                break
+            except (OSError, EOFError):
+                res = _forget()
+                if not retry or attempt:
+                    raise ZygoteLost(*(res or (0, 0, -1, 0, "", ""))) \
+                        from None
+    if status != "ok":
+        raise RuntimeError(f"tshm.torch.spawn: the forkserver zygote "
+                           f"failed a request: {value}")
+    return value
 
 
 class ZygoteProcs:
@@ -76,11 +177,12 @@ class ZygoteProcs:
     (join, pids, close) plus the traceback of a failed rank."""
 
     def __init__(self, prep, calls, nprocs, env):
-        reply = _ask(("spawn", prep, calls, nprocs, env))
-        if reply[0] != "ok":
-            raise RuntimeError(f"tshm.torch.spawn: the forkserver could "
-                               f"not start the workers: {reply[1]}")
-        self._pids = reply[1]
+        try:
+            self._pids = _ask(("spawn", prep, calls, nprocs, env,
+                               dict(os.environ)), retry=True)
+        except ZygoteLost as e:
+            raise RuntimeError(f"tshm.torch.spawn: the forkserver zygote "
+                               f"died twice ({_how(e.args)})") from None
         self._key = self._pids[0]
         self._tracebacks = {}
 
@@ -92,7 +194,16 @@ class ZygoteProcs:
         while True:
             left = JOIN_SLICE if end is None else \
                 max(0.0, min(JOIN_SLICE, end - time.monotonic()))
-            res, tb = _ask(("join", self._key, left))
+            try:
+                res, tb = _ask(("join", self._key, left))
+            except ZygoteLost as e:
+                # Its workers died with it: the set failed, as torch's
+                # ProcessExitedException says (rank 0, the zygote's pid).
+                self._key = None
+                _, pid, code, signo, _, _ = e.args
+                return (0, pid, code, signo, "", f"the forkserver zygote "
+                        f"(pid {pid}, {_how(e.args)}) of ranks 0.."
+                        f"{len(self._pids) - 1}")
             if res is not False:
                 if res is not None and tb:
                     self._tracebacks[res[0]] = tb
@@ -108,50 +219,81 @@ class ZygoteProcs:
             key, self._key = self._key, None
             try:
                 _ask(("close", key))
-            except (OSError, EOFError):
+            except ZygoteLost:
                 pass          # the zygote is gone, and its workers
 
 
 # -- in the zygote --------------------------------------------------------
 
-def _run(prep, call, board, rank):
+def _run(prep, call, environ, board, rank):
     from . import _spawn
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The caller's environment of this spawn(), with the thread budget
+    # the library set in this fork's C environment.
+    _spawn._sync_thread_vars()
+    budget = {k: os.environ[k] for k in _spawn._THREAD_VARS
+              if k in os.environ}
+    os.environ.clear()
+    os.environ.update(environ)
+    os.environ.update(budget)
     mp_spawn.prepare(prep)
     fn, args = pickle.loads(call)
     return _spawn._forked_worker(fn, args, board, rank)
 
 
-def _serve(fd):
+def _handle(req, sets):
+    """The reply to one request."""
+    from . import _spawn
+    if req[0] == "spawn":
+        _, prep, calls, nprocs, env, environ = req
+        ctx = _spawn._start_forks(
+            lambda rank, board: _run(prep, calls[rank], environ, board,
+                                     rank),
+            nprocs, env)
+        sets[ctx.pids()[0]] = ctx
+        return ctx.pids()
+    if req[0] == "join":
+        ctx = sets.get(req[1])
+        res = ctx._procs.join(req[2]) if ctx else None
+        tb = ctx._traceback(res[0]) if res and res[0] >= 0 else ""
+        return res, tb
+    if req[0] == "close":
+        ctx = sets.pop(req[1], None)
+        if ctx:
+            ctx._close()
+        return None
+    raise ValueError(f"unknown request {req[0]!r}")
+
+
+def _serve(fd, log, stderr):
+    """The zygote: fd its connection, log the memfd its stderr goes to
+    until it is up, stderr its own stderr."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch  # noqa: F401  (what the workers start with)
     from . import _spawn, install
     install()
+    # Up: what it wrote so far (warnings) goes where its stderr goes.
+    sys.stderr.flush()
+    os.dup2(stderr, 2)
+    os.close(stderr)
+    sys.stderr.buffer.write(_spawn._read_all(log))
+    sys.stderr.flush()
+    os.close(log)
     conn = connection.Connection(fd)
+    conn.send(("ok", os.getpid()))
     sets = {}
     while True:
         try:
             req = conn.recv()
         except (EOFError, OSError):
             break
-        if req[0] == "spawn":
-            _, prep, calls, nprocs, env = req
-            try:
-                ctx = _spawn._start_forks(
-                    lambda rank, board: _run(prep, calls[rank], board, rank),
-                    nprocs, env)
-            except Exception as e:
-                conn.send(("err", f"{type(e).__name__}: {e}"))
-                continue
-            sets[ctx.pids()[0]] = ctx
-            conn.send(("ok", ctx.pids()))
-        elif req[0] == "join":
-            ctx = sets.get(req[1])
-            res = ctx._procs.join(req[2]) if ctx else None
-            tb = ctx._traceback(res[0]) if res and res[0] >= 0 else ""
-            conn.send((res, tb))
-        elif req[0] == "close":
-            ctx = sets.pop(req[1], None)
-            if ctx:
-                ctx._close()
-            conn.send(("ok",))
+        try:
+            reply = ("ok", _handle(req, sets))
+        except Exception as e:
+            reply = ("err", f"{type(e).__name__}: {e}")
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            break
     for ctx in sets.values():
         ctx._close()

@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: GPL-2.0
+"""tshm.torch.spawn(start_method="forkserver"): the zygote's failures.
+
+A zygote that dies (SIGKILL, SIGINT) is replaced on the next spawn; one
+lost in the middle of a join is torch's ProcessExitedException; a bad
+request gets an error, not a dead zygote; a fork while another thread
+talks to the zygote leaves the child a working forkserver; the workers
+get the caller's environment at each spawn(), not the zygote's; a caller
+that found tshm through sys.path gets a zygote that finds it too, and a
+zygote that cannot come up is a clear error with what it printed.
+
+Host only: the zygote is a fresh interpreter importing torch (half a
+minute in the emulated VM)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.multiprocessing import ProcessExitedException  # noqa: E402
+
+import tshm  # noqa: E402
+import tshm.torch  # noqa: E402
+from tshm.torch import _zygote  # noqa: E402
+from conftest import IN_VM  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    IN_VM, reason="host only: the forkserver's zygote imports torch "
+    "(30 s in the VM)")
+
+
+def _noop(rank):
+    pass
+
+
+def _sleep(rank):
+    time.sleep(600)
+
+
+def _zygote_pid():
+    tshm.torch.spawn(_noop, start_method="forkserver")
+    return _zygote._zygote[1].pids()[0]
+
+
+def _gone(pid, timeout=10):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_a_dead_zygote_is_replaced(sig):
+    """SIGKILL kills the zygote: the next spawn starts a new one.  SIGINT
+    (kill -INT, a scheduler signalling every process) is ignored."""
+    first = _zygote_pid()
+    os.kill(first, sig)
+    if sig == signal.SIGKILL:
+        assert _gone(first)
+    else:
+        time.sleep(0.5)
+    for _ in range(2):
+        tshm.torch.spawn(_noop, start_method="forkserver")
+    second = _zygote._zygote[1].pids()[0]
+    assert (second != first) == (sig == signal.SIGKILL)
+
+
+def test_zygote_lost_mid_join_is_process_exited():
+    first = _zygote_pid()
+    ctx = tshm.torch.spawn(_sleep, nprocs=2, start_method="forkserver",
+                           join=False)
+    pids = ctx.pids()
+    os.kill(first, signal.SIGKILL)
+    with pytest.raises(ProcessExitedException) as info:
+        while not ctx.join(60):
+            pass
+    assert "forkserver" in str(info.value)
+    assert info.value.signal_name == "SIGKILL"
+    assert all(_gone(p) for p in pids)       # they die with their zygote
+    tshm.torch.spawn(_noop, start_method="forkserver")
+
+
+def test_a_bad_request_is_an_error_not_a_dead_zygote():
+    first = _zygote_pid()
+    with pytest.raises(RuntimeError, match="forkserver"):
+        _zygote._ask(("no such request",))
+    tshm.torch.spawn(_noop, start_method="forkserver")
+    assert _zygote._zygote[1].pids()[0] == first
+
+
+def test_fork_while_the_zygote_lock_is_held():
+    """Another thread is talking to the zygote (it holds the lock) when
+    this one forks: the child starts a zygote of its own."""
+    _zygote_pid()
+    with _zygote._lock:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(120)
+                tshm.torch.spawn(_noop, start_method="forkserver")
+                code = 0
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _env(rank, q):
+    q.put((os.environ.get("TSHM_TEST_ENV"),
+           os.environ.get("OMP_NUM_THREADS"), os.getcwd()))
+
+
+def test_workers_get_the_callers_environment_at_each_spawn(monkeypatch,
+                                                           tmp_path):
+    monkeypatch.setenv("TSHM_TEST_ENV", "first")
+    _zygote_pid()                                # started with "first"
+    monkeypatch.setenv("TSHM_TEST_ENV", "second")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    q = tshm.Queue()
+    tshm.torch.spawn(_env, args=(q,), nprocs=2, start_method="forkserver")
+    budget = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert [q.get(timeout=10) for _ in range(2)] == \
+        [("second", budget, str(tmp_path))] * 2
+
+
+SYS_PATH_SCRIPT = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, sys.argv[1])         # tshm, not on PYTHONPATH
+    import tshm.torch
+
+    def fn(rank):
+        pass
+
+    if __name__ == "__main__":
+        if sys.argv[2] == "broken":
+            # The zygote finds this torch first: it cannot come up.
+            sys.path.insert(0, sys.argv[3])
+        try:
+            tshm.torch.spawn(fn, nprocs=1, start_method="forkserver")
+            print("spawn ok")
+        except RuntimeError as e:
+            print("RuntimeError:", e)
+""")
+
+
+@pytest.mark.parametrize("mode", ["ok", "broken"])
+def test_zygote_finds_tshm_through_the_callers_sys_path(mode, tmp_path):
+    script = tmp_path / "caller.py"
+    script.write_text(SYS_PATH_SCRIPT)
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "torch.py").write_text(
+        "raise ImportError('planted torch refuses to load')\n")
+    package_dir = os.path.dirname(os.path.dirname(tshm.__file__))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, str(script),
+                          os.path.abspath(package_dir), mode, str(planted)],
+                         capture_output=True, text=True, timeout=600,
+                         env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    if mode == "ok":
+        assert out.stdout == "spawn ok\n", out.stdout + out.stderr
+    else:
+        assert out.stdout.startswith("RuntimeError:"), out.stdout
+        assert "did not come up" in out.stdout
+        assert "planted torch refuses to load" in out.stdout
