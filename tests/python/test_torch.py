@@ -321,8 +321,6 @@ def test_context_queue_api():
     with pytest.raises(queue.Full):
         q.put(3, timeout=0.01)
     q.cancel_join_thread()
-    q.close()
-    q.join_thread()
     assert q.get() == 1 and q.get_nowait() == 2
     with pytest.raises(queue.Empty):
         q.get(timeout=0.01)
@@ -331,10 +329,35 @@ def test_context_queue_api():
     q.put((big, t))
     got, gt = q.get(timeout=10)
     assert got == big and torch.equal(gt, t)
+    q.close()
+    q.join_thread()
     sq = ctx.SimpleQueue()
     sq.put(t)
     assert sq.empty() is False and torch.equal(sq.get(), t)
     assert isinstance(ctx.Queue(), tshm.torch._mpqueue.Queue)
+
+
+def test_context_queue_closed_and_negative_timeouts():
+    """As multiprocessing's: after close() put() and get() raise
+    ValueError (SimpleQueue: OSError, its pipe is closed); a negative
+    timeout means no wait (Empty, Full), not a ValueError."""
+    ctx = tshm.torch.get_context("fork")
+    q = ctx.Queue(1)
+    with pytest.raises(queue.Empty):
+        q.get(True, -1)
+    q.put(1)
+    with pytest.raises(queue.Full):
+        q.put(2, True, -0.5)
+    q.close()
+    for call in (lambda: q.put(3), lambda: q.put_nowait(3), q.get,
+                 q.get_nowait):
+        with pytest.raises(ValueError, match="is closed"):
+            call()
+    sq = ctx.SimpleQueue()
+    sq.close()
+    for call in (lambda: sq.put(1), sq.get):
+        with pytest.raises(OSError, match="closed"):
+            call()
 
 
 def _double(t):

@@ -24,7 +24,8 @@ What differs from multiprocessing.Queue, and why:
   change to a mutable object is not seen), so join_thread() and
   cancel_join_thread() have nothing to do;
 * close() lets go of this process's handle only, as multiprocessing's
-  does; the queue lives as long as any process holds it;
+  does (put() and get() then raise ValueError); the queue lives as long
+  as any process holds it;
 * an object whose pickle does not fit a message even with every buffer
   out of band (a list of a million ints) is pickled with ForkingPickler
   and sent as one out-of-band buffer: correct, not fast;
@@ -124,6 +125,14 @@ class ForkingQueue(_queue.Queue):
         return obj
 
 
+def _no_negative(block, timeout):
+    """multiprocessing's timeout: a negative one is no wait (its
+    semaphore clamps it to 0), not queue.Queue's ValueError."""
+    if block and timeout is not None and timeout < 0:
+        return 0
+    return timeout
+
+
 class Queue:
     """multiprocessing.Queue's API over a ForkingQueue (see the module's
     docstring for what differs)."""
@@ -133,30 +142,41 @@ class Queue:
         self._q = ForkingQueue(cap, MAX_MSG)
         self._maxsize = maxsize
 
+    def _live(self):
+        if self._q is None:
+            raise ValueError(f"Queue {self!r} is closed")
+        return self._q
+
     def put(self, obj, block=True, timeout=None):
-        self._q.put(obj, block, timeout)
+        """Queue obj: waits for room as multiprocessing.Queue.put()
+        (queue.Full).  maxsize=0 is a ring of DEFAULT_CAPACITY messages,
+        not unbounded: a put() beyond that many unreceived messages
+        waits for a get(); see the module's docstring."""
+        self._live().put(obj, block, _no_negative(block, timeout))
 
     def get(self, block=True, timeout=None):
-        return self._q.get(block, timeout)
+        return self._live().get(block, _no_negative(block, timeout))
 
     def put_nowait(self, obj):
-        self._q.put(obj, False)
+        self._live().put(obj, False)
 
     def get_nowait(self):
-        return self._q.get(False)
+        return self._live().get(False)
 
     def qsize(self):
-        return self._q.qsize()
+        return self._live().qsize()
 
     def empty(self):
-        return self._q.empty()
+        return self._live().empty()
 
     def full(self):
-        return self._q.full()
+        return self._live().full()
 
     def close(self):
-        """Done with the queue in this process (multiprocessing's close():
-        the queue stays open for the others)."""
+        """Done with the queue in this process: lets go of this handle
+        (multiprocessing's close(): the queue stays open for the others);
+        put() and get() on it raise ValueError from now on."""
+        self._q = None
 
     def join_thread(self):
         """Nothing to wait for: there is no feeder thread."""
@@ -165,7 +185,7 @@ class Queue:
         """Nothing to cancel: there is no feeder thread."""
 
     def __reduce__(self):
-        return _rebuild, (self._q, self._maxsize)
+        return _rebuild, (self._live(), self._maxsize)
 
     def __repr__(self):
         return f"<tshm.torch Queue over {self._q!r}>"
@@ -179,25 +199,33 @@ def _rebuild(q, maxsize):
 
 
 class SimpleQueue:
-    """multiprocessing.SimpleQueue's API over a ForkingQueue."""
+    """multiprocessing.SimpleQueue's API over a ForkingQueue: a ring of
+    DEFAULT_CAPACITY messages, where put() waits for room."""
 
     def __init__(self, *, ctx=None):
         self._q = ForkingQueue(DEFAULT_CAPACITY, MAX_MSG)
 
+    def _live(self):
+        # multiprocessing's SimpleQueue is a closed pipe then: OSError.
+        if self._q is None:
+            raise OSError("handle is closed")
+        return self._q
+
     def put(self, obj):
-        self._q.put(obj)
+        self._live().put(obj)
 
     def get(self):
-        return self._q.get()
+        return self._live().get()
 
     def empty(self):
-        return self._q.empty()
+        return self._live().empty()
 
     def close(self):
-        """Done with the queue in this process."""
+        """Done with the queue in this process: lets go of this handle."""
+        self._q = None
 
     def __reduce__(self):
-        return _rebuild_simple, (self._q,)
+        return _rebuild_simple, (self._live(),)
 
 
 def _rebuild_simple(q):
