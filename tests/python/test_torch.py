@@ -376,6 +376,38 @@ def test_context_pool_maps_tensors(method):
     assert all(torch.equal(g, x * 2) for g, x in zip(got, xs))
 
 
+def test_context_queue_default_is_a_ring_of_1024():
+    """maxsize=0 is not unbounded (Documentation/python/torch.rst): the
+    1025th unreceived put() waits for a get()."""
+    ctx = tshm.torch.get_context("fork")
+    for q in (ctx.Queue(), ctx.Queue(0)):
+        for i in range(tshm.torch._mpqueue.DEFAULT_CAPACITY):
+            q.put_nowait(i)
+        assert q.full() and q.qsize() == 1024
+        with pytest.raises(queue.Full):
+            q.put(-1, timeout=0.01)
+        assert q.get() == 0
+        q.put_nowait(1024)
+
+
+def _put_and_exit(q, n):
+    q.put([torch.full((100000,), float(i)) for i in range(n)])
+
+
+def test_context_queue_seven_segments_outlive_their_sender():
+    """A message's first 7 segments are the message's: they arrive after
+    the sender exited.  (More go through the resource sharer and need
+    the sender alive: the known limit in Documentation/python/torch.rst.)"""
+    ctx = tshm.torch.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_put_and_exit, args=(q, 7))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert [float(t[0]) for t in q.get(timeout=10)] == \
+        [float(i) for i in range(7)]
+
+
 def _firsts(q, r):
     r.put([float(y[0]) for y in q.get(timeout=60)])
 

@@ -13,13 +13,16 @@ segment travels the queue's own way: a grant on the module, an fd in the
 queue's socket on the fallback, and nothing at all for a segment the
 receiver already holds.  The sender may drop the tensor at once (the
 message holds the segment); a message never received is freed with the
-queue, SIGKILL included.
+queue, SIGKILL included (not what crossed through the resource sharer:
+see the last item below).
 
 What differs from multiprocessing.Queue, and why:
 
-* capacity: maxsize=0 ("unbounded") is DEFAULT_CAPACITY messages, not
-  unbounded: the ring is shared memory of a fixed size.  A put() beyond
-  it waits for room as a bounded multiprocessing.Queue's does;
+* capacity: maxsize=0 ("unbounded") is DEFAULT_CAPACITY (1024)
+  messages, not unbounded: the ring is shared memory of a fixed size.
+  A put() beyond it waits for room as a bounded multiprocessing.Queue's
+  does, so a producer that puts more than that before anyone gets
+  deadlocks where multiprocessing.Queue would not;
 * no feeder thread: put() has queued the object when it returns (a later
   change to a mutable object is not seen), so join_thread() and
   cancel_join_thread() have nothing to do;
@@ -32,7 +35,11 @@ What differs from multiprocessing.Queue, and why:
 * a message carries QUEUE_MAX_SEGS segments: beyond the first
   QUEUE_MAX_SEGS - 1 (a batch of that many big tensors in separate
   segments), the others cross as ForkingPickler sends them, through the
-  resource sharer (the sender must then live until they are received).
+  resource sharer, and so do a spilled object's.  Known limit: those are
+  held by the sender's resource sharer, not by the message, so the
+  sender must live until they are received, and a message never
+  received leaves them pinned for as long as the sender lives
+  (Documentation/python/torch.rst).
 """
 
 import errno
