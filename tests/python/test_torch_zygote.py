@@ -101,8 +101,9 @@ def test_a_bad_request_is_an_error_not_a_dead_zygote():
 
 def test_fork_while_the_zygote_lock_is_held():
     """Another thread is talking to the zygote (it holds the lock) when
-    this one forks: the child starts a zygote of its own."""
-    _zygote_pid()
+    this one forks: the child starts a zygote of its own, and leaves
+    this one's alone."""
+    first = _zygote_pid()
     with _zygote._lock:
         pid = os.fork()
         if pid == 0:
@@ -115,6 +116,7 @@ def test_fork_while_the_zygote_lock_is_held():
                 os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+    assert _zygote_pid() == first
 
 
 def _env(rank, q):

@@ -155,7 +155,8 @@ def _ask(request, retry=False):
     global _zygote
     with _lock:
         for attempt in (0, 1):
-            if _zygote is None:
+            # (A fork that ran no at-fork handlers: not this one's.)
+            if _zygote is None or _zygote[0] != os.getpid():
                 _zygote = (os.getpid(), *_start())
             try:
                 _zygote[2].send(request)
