@@ -412,8 +412,18 @@ static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
 				q_advance(&hdr->head, h);
 			continue;
 		}
-		if (atomic_load_explicit(&hdr->closed, memory_order_relaxed))
+		if (atomic_load(&hdr->closed)) {
+			/*
+			 * A message published at h, or a claim past it, after
+			 * the look above and before the close: drain it first
+			 * (found by the spin model, tests/model).
+			 */
+			if (atomic_load(&slot->state) != w ||
+			    atomic_load(&hdr->tail) > h ||
+			    atomic_load(&hdr->head) != h)
+				continue;
 			return -EPIPE;
+		}
 		if (q->pollable) {
 			q_poll_arm(q);
 			if (atomic_load(&slot->state) != w)

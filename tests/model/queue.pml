@@ -325,7 +325,15 @@ proctype Receiver(byte me)
 				fi
 			:: else ->
 				if
-				:: closed ->	/* -EPIPE, queue.c:416 */
+				:: closed && (state[s] != w || tail > h ||
+					      head != h) ->
+					/* queue.c: closed, but the ring moved
+					 * since the look at h: look again.
+					 * (One step here, three loads there,
+					 * each of which alone sends it round.) */
+					skip
+				:: closed && state[s] == w && tail <= h &&
+				   head == h ->	/* -EPIPE */
 #ifdef CHECK_DRAIN
 					/* guide.rst: receivers drain what is
 					 * queued before they get -EPIPE */
