@@ -21,8 +21,11 @@ ver=$(sed -n 's/^PACKAGE_VERSION="\(.*\)"/\1/p' kmod/dkms.conf)
 dkdir=$B/dkms
 rm -rf "$dkdir"
 mkdir -p "$dkdir/stage" "$dkdir/tree" "$dkdir/install"
+# dkms runs its own make: not a sub-make of `make -j check` (whose
+# jobserver it would inherit, and warn about in the log checked below).
 dk() {
-	dkms --dkmstree "$dkdir/tree" --sourcetree "$dkdir/stage/usr/src" \
+	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL \
+		dkms --dkmstree "$dkdir/tree" --sourcetree "$dkdir/stage/usr/src" \
 		--installtree "$dkdir/install" "$@"
 }
 nk=$(wc -w <<<"$TSHM_KERNELS")
