@@ -4,9 +4,10 @@
 # ASan+UBSan build of the extension.
 
 ifneq ($(PY_EXT_SUFFIX),)
-TESTS_BOTH += tests/python/python-test.sh
+TESTS_BOTH += tests/python/python-core-test.sh tests/python/python-torch-test.sh
 TESTS_HOST_ASAN += tests/python/python-asan-test.sh
 # The extension runs no kernel code the C suites do not: under KASAN and
 # emulation its minutes of Python would buy nothing.
-TESTS_NOT_DEBUG += tests/python/python-test.sh
+TESTS_NOT_DEBUG += tests/python/python-core-test.sh \
+		   tests/python/python-torch-test.sh
 endif

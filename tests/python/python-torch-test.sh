@@ -1,0 +1,6 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+# make check's suite of tshm.torch's tests (test_torch*.py), apart from
+# the rest of the package's (python-core-test.sh): import torch alone
+# takes half a minute in the emulated VM, so they get their own time limit.
+exec "$(dirname "$0")/python-test.sh" --torch "$@"
