@@ -28,9 +28,6 @@
 #include "tshm-cuda.h"
 
 /* libtshm's self-contained helpers, built in (cuda-vars.mk). */
-#include "deadline.h"
-#include "rlock.h"
-#include "scm.h"
 
 /* ---- fork (fork.c): process-local locks held across fork() ---- */
 
@@ -91,10 +88,6 @@ int tcu_fail(const char *call, CUresult r);
 		CUresult __r = tcu.call;				\
 		__r == CUDA_SUCCESS ? 0 : tcu_fail(#call, __r);		\
 	})
-
-/* ---- time (driver.c) ---- */
-
-/* A deadline for @timeout_ms (< 0: none); what is left of it, 0 once past. */
 
 /* ---- devices and the receiver cache (device.c, cache.c) ---- */
 
@@ -212,7 +205,6 @@ struct tcu_wire {
 	uint64_t alloc_size;		/* VMM: bytes a receiver maps */
 	uint64_t off;			/* buffer in allocation / IPC mapping */
 	uint64_t size;
-	uint64_t seq;			/* VMM: matches the fd datagram */
 	uint8_t uuid[16];
 	uint8_t ipc[CU_IPC_HANDLE_SIZE];
 	uint32_t len;
@@ -242,27 +234,9 @@ static inline void tcu_wire_buf_free(union tcu_wire_buf *stack,
 		free(w);
 }
 
-/* The datagram that carries a VMM allocation's fd (SCM_RIGHTS). */
-struct tcu_fd_msg {
-	uint64_t seq;
-	uint64_t alloc_id;
-};
-
-struct tcu_chan_shared {
-	struct rlock send_lock;
-	struct rlock recv_lock;
-	uint64_t next_seq;
-};
-
 struct tshm_cuda_chan {
 	struct tshm_queue *q;
-	struct tshm_seg *shm;
-	struct tcu_chan_shared *sh;
-	int sock[2];		/* [0] producers write, [1] consumers read */
 	size_t max_msg;
 };
-
-/* Take the fd datagram of message @seq (orphans skipped).  Under recv_lock. */
-int tcu_take_fd(int sock, uint64_t seq, uint64_t alloc_id, int *fdp);
 
 #endif /* _TSHM_CUDA_PRIVATE_H */

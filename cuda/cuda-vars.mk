@@ -17,18 +17,12 @@ CUDA_ARCHS    ?= -gencode arch=compute_80,code=sm_80 \
 		 -gencode arch=compute_90,code=sm_90 \
 		 -gencode arch=compute_90,code=compute_90
 NVCC_FLAGS    ?= -O2 -std=c++17 $(CUDA_ARCHS) -Xcompiler -Wall,-Werror
-CUDA_INC      := -I$(CUDA_HOME)/include -Icuda/include -Ilib
+CUDA_INC      := -I$(CUDA_HOME)/include -Icuda/include
 CUDA_B        := $(B)/cuda
 CUDA_SRCS     := $(sort $(wildcard cuda/*.c))
-# libtshm's self-contained helpers, built into libtshm-cuda as well (each
-# library keeps its copy local): fds over sockets, deadlines, sleeps, the
-# robust lock.  One implementation of each.
-CUDA_LIB_SRCS := lib/deadline.c lib/futex.c lib/rlock.c lib/scm.c
 CUDA_HDRS     := cuda/include/tshm-cuda.h cuda/cuda-private.h \
-		 lib/include/tshm.h lib/deadline.h lib/futex.h lib/rlock.h \
-		 lib/scm.h
-CUDA_OBJS     := $(patsubst cuda/%.c,$(CUDA_B)/obj/%.o,$(CUDA_SRCS)) \
-		 $(patsubst lib/%.c,$(CUDA_B)/obj/lib/%.o,$(CUDA_LIB_SRCS))
+		 lib/include/tshm.h
+CUDA_OBJS     := $(patsubst cuda/%.c,$(CUDA_B)/obj/%.o,$(CUDA_SRCS))
 CUDA_CFLAGS   := $(BASE_CFLAGS) $(CFLAGS) $(CUDA_INC) -fPIC
 CUDA_SONAME   := libtshm-cuda.so.0
 CUDA_SO       := $(CUDA_B)/libtshm-cuda.so.0.1

@@ -22,10 +22,6 @@ $(CUDA_B)/obj/%.o: cuda/%.c $(CUDA_HDRS)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(CUDA_CFLAGS) -c -o $@ $<
 
-$(CUDA_B)/obj/lib/%.o: lib/%.c $(CUDA_HDRS)
-	@mkdir -p $(@D)
-	$(Q)$(CC) $(CUDA_CFLAGS) -c -o $@ $<
-
 $(CUDA_SO): $(CUDA_OBJS) $(LIB_SO) cuda/libtshm-cuda.map
 	$(Q)$(CC) -shared -Wl,-soname,$(CUDA_SONAME) -Wl,-z,defs \
 		-Wl,--version-script=cuda/libtshm-cuda.map \

@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: LGPL-2.1-or-later
 /*
- * Receiving a GPU buffer: the queue message (and, for VMM, its fd
- * datagram) under the consumers' lock, then outside it the checks, the
- * import or cache hit (cache.c), and a receiver buffer that holds the
- * message's lease until it is unref'd.
+ * Receiving a GPU buffer: the queue message (with, for VMM, the
+ * allocation's fd), the checks, the import or cache hit (cache.c), and a
+ * receiver buffer that holds the message's lease until it is unref'd.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -43,10 +42,11 @@ int tshm_cuda_recv(struct tshm_cuda_chan *ch, struct tshm_cuda *cu,
 		   size_t *lenp, int timeout_ms)
 {
 	size_t wlen, got = 0;
-	struct deadline dl;
 	union tcu_wire_buf stack;
 	struct tshm_seg *segs[TSHM_QUEUE_MAX_SEGS];
 	unsigned nsegs = TSHM_QUEUE_MAX_SEGS, i;
+	int fds[TSHM_QUEUE_MAX_FDS];
+	unsigned nfds = TSHM_QUEUE_MAX_FDS;
 	struct tshm_cuda_buf *b = NULL;
 	struct tcu_import *imp;
 	struct tcu_wire *w;
@@ -55,33 +55,26 @@ int tshm_cuda_recv(struct tshm_cuda_chan *ch, struct tshm_cuda *cu,
 	if (!ch || !cu || !out || (cap && !msg))
 		return -EINVAL;
 	*out = NULL;
-	deadline_init(&dl, timeout_ms);
 	wlen = sizeof(*w) + ch->max_msg;
 	w = tcu_wire_buf(&stack, wlen);
 	if (!w)
 		return -ENOMEM;
-	/* A dead holder (1): its orphan datagram is skipped by seq. */
-	ret = rlock_lock(&ch->sh->recv_lock, &dl);
-	if (ret < 0)
+	ret = tshm_queue_recv_fds(ch->q, w, wlen, &got, segs, &nsegs, fds,
+				  &nfds, timeout_ms);
+	if (ret)
 		goto out_free;
-	ret = tshm_queue_recv(ch->q, w, wlen, &got, segs, &nsegs,
-			      deadline_poll_ms(&dl));
-	if (ret) {
-		rlock_unlock(&ch->sh->recv_lock);
-		goto out_free;
-	}
-	if (!wire_ok(w, got, segs, nsegs)) {
-		rlock_unlock(&ch->sh->recv_lock);
-		tcu_err("not a tshm-cuda message (%zu bytes, %u segments)",
-			got, nsegs);
+	if (nfds == 1)
+		fd = fds[0];
+	if (!wire_ok(w, got, segs, nsegs) ||
+	    nfds != (w->kind == TSHM_CUDA_VMM ? 1U : 0U)) {
+		tcu_err("not a tshm-cuda message (%zu bytes, %u segments, "
+			"%u fds)", got, nsegs, nfds);
+		for (i = 0; i < nfds; i++)
+			close(fds[i]);
+		fd = -1;
 		ret = -EBADMSG;
 		goto out_segs;
 	}
-	if (w->kind == TSHM_CUDA_VMM)
-		ret = tcu_take_fd(ch->sock[1], w->seq, w->alloc_id, &fd);
-	rlock_unlock(&ch->sh->recv_lock);
-	if (ret)
-		goto out_segs;
 	if (w->len > cap) {
 		tcu_err("payload of %u bytes, room for %zu", w->len, cap);
 		ret = -EMSGSIZE;

@@ -37,13 +37,16 @@ struct seg_wire {
 
 /*
  * A received queue message's segments, between the ring's lock and the
- * caller: the handles copied out of the slot (@h, @n, @tag) and what the
- * backend took for them before the commit (@fds, @gen, @overflow).
+ * caller: the handles copied out of the slot (@h, @n, @tag), the fds that
+ * the queue takes from its socket after q_recv_take (@xfds: reserve room
+ * for them too) and what the backend took for them before the commit
+ * (@fds, @gen, @overflow).
  */
 struct q_rx {
 	struct tshm_handle h[TSHM_QUEUE_MAX_SEGS];
 	unsigned n;
 	uint64_t tag;
+	unsigned xfds;
 	int fds[2 * TSHM_QUEUE_MAX_SEGS];
 	uint64_t gen[TSHM_QUEUE_MAX_SEGS];
 	unsigned overflow;
@@ -91,7 +94,10 @@ struct backend_ops {
 			   int *fds, struct tshm_seg **out);
 
 	/* ---- queues (queue.c, queue-export.c) ---- */
-	/* The queue's transport: a module context, or a socket pair. */
+	/*
+	 * The queue's transport: a module context (@gfd) and the queue's
+	 * socket pair (@sfd, q_sock_open(); both backends have one).
+	 */
 	int (*q_open)(int *gfd, int *sfd);
 	/* The transport's fds as they travel (after the ring's): a count. */
 	int (*q_fds)(const struct tshm_queue *q, int *fds);

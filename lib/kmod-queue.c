@@ -4,8 +4,9 @@
  * segment to the queue's own context, taken from the spare table when a
  * receiver parked one, consumed by the receiver's ATTACH or parked again on
  * a cache hit (Documentation/lib/queue.rst).  Called by queue.c with no
- * lock held: the spare table is changed under the queue's segment lock
- * only, and only ever tried for (a busy lock costs a GRANT or a DROP,
+ * lock held (but q_recv_take of a message that also carries fds, which
+ * touches no table): the spare table is changed under the queue's segment
+ * lock only, and only ever tried for (a busy lock costs a GRANT or a DROP,
  * never a wait on a holder that may be stopped).
  */
 #include <errno.h>
@@ -147,10 +148,16 @@ void kmod_reclaim_spares(struct tshm_ctx *ctx, uint64_t id)
 /* In-flight grants belong to a context of the queue's own. */
 int kmod_q_open(int *gfd, int *sfd)
 {
-	int fd = kmod_open();
+	int fd = kmod_open(), ret;
 
 	if (fd < 0)
 		return fd;
+	/* The socket carries tshm_queue_send_fds()'s fds (queue-sock.c). */
+	ret = q_sock_open(sfd);
+	if (ret < 0) {
+		close(fd);
+		return ret;
+	}
 	*gfd = fd;
 	return 0;
 }
@@ -158,18 +165,23 @@ int kmod_q_open(int *gfd, int *sfd)
 int kmod_q_fds(const struct tshm_queue *q, int *fds)
 {
 	fds[0] = q->gfd;
-	return 1;
+	fds[1] = q->sfd[0];
+	fds[2] = q->sfd[1];
+	return 3;
 }
 
 int kmod_q_check_fds(const int *fds, unsigned n, int *gfd, int *sfd)
 {
 	int ret;
 
-	if (n != 1)
+	if (n != 3)
 		return -EBADMSG;
 	ret = kmod_is_ctx_fd(fds[0]);
 	if (ret <= 0)
 		return ret < 0 ? ret : -EBADMSG;
+	ret = q_sock_check(fds + 1, sfd);
+	if (ret < 0)
+		return ret;
 	*gfd = fds[0];
 	return 0;
 }

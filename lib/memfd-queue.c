@@ -1,11 +1,10 @@
 // SPDX-License-Identifier: LGPL-2.1-or-later
 /*
  * memfd-queue.c - segments through a queue on the fallback: each memfd and
- * its lease peer travel in the queue's SEQPACKET socket, one socket message
- * per ring message, tagged with its slot and sent and received under the
- * segment lock so that socket order is ring order; the tag lets a receiver
- * discard what a dead or revoked sender left behind
- * (Documentation/lib/queue.rst).
+ * its lease peer travel in the queue's socket (queue-sock.c), one socket
+ * message per ring message, tagged and sent and received under the segment
+ * lock so that socket order is ring order; the tag lets a receiver discard
+ * what a dead or revoked sender left behind (Documentation/lib/queue.rst).
  */
 #include <errno.h>
 #include <string.h>
@@ -15,19 +14,11 @@
 #include "memfd.h"
 #include "queue.h"
 
-/* ---- the queue's transport: a socket pair ---- */
+/* ---- the queue's transport: its socket pair alone ---- */
 
 int memfd_q_open(int *gfd, int *sfd)
 {
-	int sndbuf = QUEUE_SNDBUF;
-
-	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sfd))
-		return -errno;
-	/* Best effort: wmem_max caps it for unprivileged callers. */
-	setsockopt(sfd[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
-	shutdown(sfd[0], SHUT_RD);
-	shutdown(sfd[1], SHUT_WR);
-	return 0;
+	return q_sock_open(sfd);
 }
 
 int memfd_q_fds(const struct tshm_queue *q, int *fds)
@@ -39,18 +30,9 @@ int memfd_q_fds(const struct tshm_queue *q, int *fds)
 
 int memfd_q_check_fds(const int *fds, unsigned n, int *gfd, int *sfd)
 {
-	unsigned i;
-	int ret;
-
 	if (n != 2)
 		return -EBADMSG;
-	for (i = 0; i < 2; i++) {
-		ret = fd_check_socket(fds[i], SOCK_SEQPACKET);
-		if (ret < 0)
-			return ret;
-		sfd[i] = fds[i];
-	}
-	return 0;
+	return q_sock_check(fds, sfd);
 }
 
 /* ---- send ---- */
@@ -64,7 +46,7 @@ int memfd_q_send_segs(struct tshm_queue *q, struct tshm_seg *const *segs,
 {
 	struct tshm_lease *lease[TSHM_QUEUE_MAX_SEGS];
 	int fds[2 * TSHM_QUEUE_MAX_SEGS];
-	struct qwire w = { .nsegs = nsegs };
+	struct qwire w = { .nsegs = nsegs, .nfds = 2 * nsegs };
 	unsigned i, n;
 	int ret = 0;
 
@@ -79,11 +61,7 @@ int memfd_q_send_segs(struct tshm_queue *q, struct tshm_seg *const *segs,
 		h[n].grants = 0;
 		h[n].flags = 0;
 	}
-	/* The tag is spent before the send: a retry never reuses it. */
-	w.tag = ++q->hdr->tag;
-	ret = fd_send(q->sfd[0], &w, sizeof(w), fds, 2 * nsegs, MSG_DONTWAIT);
-	if (ret == 0)
-		*tag = w.tag;
+	ret = q_sock_send(q, &w, fds, 2 * nsegs, tag);
 out:
 	for (i = 0; i < n; i++)
 		lease_put(lease[i]);
@@ -91,48 +69,21 @@ out:
 }
 
 /*
- * Fetch the fds of the message tagged @tag, discarding older messages that
- * dead senders left behind.  1: they are gone (a receiver died holding
- * them), the slot must be skipped.  -EMFILE: no room for them in this
- * process; nothing was consumed.
+ * Fetch the fds of the message tagged @tag (and check room for the fds the
+ * queue takes after them, @xfds).  1: they are gone (a receiver died
+ * holding them), the slot must be skipped.  -EMFILE: no room for them in
+ * this process; nothing was consumed.
  */
 static int recv_fds(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
-		    int *fds, uint64_t *gen)
+		    unsigned xfds, int *fds, uint64_t *gen)
 {
 	struct qwire w;
-	unsigned nfds, i;
-	ssize_t n;
 	int ret;
 
-	for (;;) {
-		n = recv(q->sfd[1], &w, sizeof(w), MSG_PEEK | MSG_DONTWAIT);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n != sizeof(w) || w.tag > tag)
-			return 1;
-		/*
-		 * Out of fds, recvmsg() would take the message and drop its
-		 * fds (MSG_CTRUNC): check first, and leave it queued.
-		 */
-		if (w.tag == tag) {
-			ret = fd_reserve(q->sfd[1], 2 * nsegs);
-			if (ret < 0)
-				return ret;
-		}
-		nfds = 2 * TSHM_QUEUE_MAX_SEGS;
-		n = fd_recv(q->sfd[1], &w, sizeof(w), fds, &nfds, MSG_DONTWAIT);
-		if (n < 0 && n != -EBADMSG)
-			return 1;
-		if (n == sizeof(w) && w.tag == tag && w.nsegs == nsegs &&
-		    nfds == 2 * nsegs) {
-			memcpy(gen, w.gen, nsegs * sizeof(*gen));
-			return 0;
-		}
-		for (i = 0; i < nfds; i++)
-			close(fds[i]);
-		if (n == sizeof(w) && w.tag == tag)
-			return 1;
-	}
+	ret = q_sock_take(q, tag, nsegs, 2 * nsegs, 2 * nsegs + xfds, &w, fds);
+	if (ret == 0)
+		memcpy(gen, w.gen, nsegs * sizeof(*gen));
+	return ret;
 }
 
 static int adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
@@ -174,7 +125,7 @@ static int adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
 int memfd_q_recv_take(struct tshm_queue *q, struct q_rx *rx,
 		      struct tshm_seg **segs)
 {
-	return recv_fds(q, rx->tag, rx->n, rx->fds, rx->gen);
+	return recv_fds(q, rx->tag, rx->n, rx->xfds, rx->fds, rx->gen);
 }
 
 /* After the commit, unlocked. */

@@ -147,43 +147,57 @@ static void q_unclaim(struct tshm_queue *q, uint64_t pos)
 }
 
 static void q_fill(struct tshm_queue *q, uint64_t pos, const void *msg,
-		   size_t len, const struct qsegs *qs, unsigned nsegs)
+		   size_t len, const struct qsegs *qs, unsigned nsegs,
+		   unsigned nfds)
 {
 	struct qslot *slot = q_slot(q, pos);
 
 	slot->len = len;
 	slot->nsegs = nsegs;
+	slot->nfds = nfds;
 	if (len)
 		memcpy(slot->data, msg, len);
-	if (nsegs) {
+	if (nsegs || nfds) {
 		struct qsegs *dst = q_slot_segs(q, slot);
 
 		dst->tag = qs->tag;
+		dst->fdtag = qs->fdtag;
 		memcpy(dst->h, qs->h, nsegs * sizeof(qs->h[0]));
 	}
 }
 
 /*
- * A message with segments on a backend whose transport is ordered (the
- * fallback's socket): under the segment lock, so that the order of the
- * transport's messages is the order of their slots.
+ * A message that carries fds through the queue's socket (the fallback's
+ * segments, tshm_queue_send_fds()'s fds): under the segment lock, so that
+ * the order of the socket's messages is the order of their slots.  The
+ * module's segments travel as grants, before the lock and kept for a retry.
  */
 static int q_send_locked(struct tshm_queue *q, const void *msg, size_t len,
 			 struct tshm_seg *const *segs, unsigned nsegs,
-			 struct deadline *dl)
+			 const int *fds, unsigned nfds, struct deadline *dl)
 {
 	struct deadline nowait = { .ns = dl->ns, .nowait = true };
+	const struct backend_ops *ops = q->ctx->ops;
+	bool segs_locked = nsegs && ops->q_ordered;
 	struct qhdr *hdr = q->hdr;
-	struct qsegs qs;
+	struct qsegs qs = { 0 };
+	struct qwire w;
 	uint64_t pos;
 	uint32_t seen;
 	int ret, locked;
 
+	if (nsegs && !segs_locked) {
+		ret = ops->q_send_segs(q, segs, nsegs, qs.h, &qs.tag);
+		if (ret < 0)
+			return ret;
+	}
 	for (;;) {
 		seen = atomic_load(&hdr->con);
 		locked = q_lock(q, dl);
-		if (locked < 0)
-			return locked;
+		if (locked < 0) {
+			ret = locked;
+			break;
+		}
 		/*
 		 * Never wait for room under the lock: the receivers of the
 		 * messages that fill the ring need it to take them.
@@ -192,13 +206,21 @@ static int q_send_locked(struct tshm_queue *q, const void *msg, size_t len,
 		if (ret < 0) {
 			q_unlock(q, locked);
 			if (ret != -EAGAIN || dl->nowait)
-				return ret;
+				break;
 			ret = q_wait(q, &hdr->con, seen, &hdr->swait, dl);
 			if (ret < 0)
-				return ret;
+				break;
 			continue;
 		}
-		ret = q->ctx->ops->q_send_segs(q, segs, nsegs, qs.h, &qs.tag);
+		ret = 0;
+		if (segs_locked)
+			ret = ops->q_send_segs(q, segs, nsegs, qs.h, &qs.tag);
+		if (ret == 0 && nfds) {
+			/* Killed or failed after the segments: an orphan. */
+			memset(&w, 0, sizeof(w));
+			w.nfds = nfds;
+			ret = q_sock_send(q, &w, fds, nfds, &qs.fdtag);
+		}
 		if (ret < 0) {
 			q_unclaim(q, pos);
 			q_unlock(q, locked);
@@ -211,34 +233,38 @@ static int q_send_locked(struct tshm_queue *q, const void *msg, size_t len,
 				ret = q_wait(q, &hdr->con, seen, &hdr->swait,
 					     dl);
 				if (ret < 0)
-					return ret;
+					break;
 				continue;
 			}
 			if (ret != -EAGAIN)
-				return ret;
+				break;
 			/* The socket is full: wait for room. */
-			if (deadline_expired(dl))
-				return deadline_err(dl);
+			if (deadline_expired(dl)) {
+				ret = deadline_err(dl);
+				break;
+			}
 			ret = wait_poll(&(struct pollfd){ .fd = q->sfd[0],
 						.events = POLLOUT }, 1, dl);
 			if (ret < 0)
-				return ret;
+				break;
 			continue;
 		}
-		q_fill(q, pos, msg, len, &qs, nsegs);
+		q_fill(q, pos, msg, len, &qs, nsegs, nfds);
 		if (q_publish(q, pos, QS_FULL)) {
 			q_unlock(q, locked);
 			return 0;
 		}
-		/* Revoked: its socket message is an orphan receivers drop. */
+		/* Revoked: its socket messages are orphans receivers drop. */
 		q_unlock(q, locked);
 	}
+	if (nsegs && !segs_locked && ops->q_send_undo)
+		ops->q_send_undo(q, qs.h, nsegs);
+	return ret;
 }
 
-TSHM_EXPORT
-int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
-		    struct tshm_seg *const *segs, unsigned nsegs,
-		    int timeout_ms)
+static int q_send(struct tshm_queue *q, const void *msg, size_t len,
+		  struct tshm_seg *const *segs, unsigned nsegs,
+		  const int *fds, unsigned nfds, int timeout_ms)
 {
 	const struct backend_ops *ops;
 	struct qhdr *hdr;
@@ -248,11 +274,11 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 	unsigned i;
 	int ret;
 
-	if (!q || (len && !msg) || (nsegs && !segs))
+	if (!q || (len && !msg) || (nsegs && !segs) || (nfds && !fds))
 		return -EINVAL;
 	if (len > q->max_msg)
 		return -EMSGSIZE;
-	if (nsegs > TSHM_QUEUE_MAX_SEGS)
+	if (nsegs > TSHM_QUEUE_MAX_SEGS || nfds > TSHM_QUEUE_MAX_FDS)
 		return -E2BIG;
 	if (!q_pidns_ok(q))
 		return -EXDEV;
@@ -262,13 +288,16 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 		if (segs[i]->ctx->ops != q->ctx->ops)
 			return -EXDEV;
 	}
+	for (i = 0; i < nfds; i++)
+		if (fcntl(fds[i], F_GETFD) < 0)
+			return -EBADF;
 	hdr = q->hdr;
 	ops = q->ctx->ops;
 	deadline_init(&dl, timeout_ms);
 	if (atomic_load_explicit(&hdr->closed, memory_order_relaxed))
 		return -EPIPE;
-	if (nsegs && ops->q_ordered) {
-		ret = q_send_locked(q, msg, len, segs, nsegs, &dl);
+	if (nfds || (nsegs && ops->q_ordered)) {
+		ret = q_send_locked(q, msg, len, segs, nsegs, fds, nfds, &dl);
 		if (ret < 0)
 			return ret;
 	} else {
@@ -289,12 +318,28 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
 					ops->q_send_undo(q, qs.h, nsegs);
 				return ret;
 			}
-			q_fill(q, pos, msg, len, &qs, nsegs);
+			q_fill(q, pos, msg, len, &qs, nsegs, 0);
 		} while (!q_publish(q, pos, QS_FULL));
 	}
 	q_wake(&hdr->pub, &hdr->rwait, false);
 	q_poll_wake(q, false);
 	return 0;
+}
+
+TSHM_EXPORT
+int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
+		    struct tshm_seg *const *segs, unsigned nsegs,
+		    int timeout_ms)
+{
+	return q_send(q, msg, len, segs, nsegs, NULL, 0, timeout_ms);
+}
+
+TSHM_EXPORT
+int tshm_queue_send_fds(struct tshm_queue *q, const void *msg, size_t len,
+			struct tshm_seg *const *segs, unsigned nsegs,
+			const int *fds, unsigned nfds, int timeout_ms)
+{
+	return q_send(q, msg, len, segs, nsegs, fds, nfds, timeout_ms);
 }
 
 /* What a receiver copied out of a FULL slot before taking it. */
@@ -303,7 +348,9 @@ struct qmsg {
 	uint64_t state;
 	uint32_t len;
 	unsigned nsegs;
+	unsigned nfds;
 	uint64_t tag;
+	uint64_t fdtag;
 	struct tshm_handle h[TSHM_QUEUE_MAX_SEGS];
 };
 
@@ -445,7 +492,8 @@ static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
  * caller takes it and reports it), -EMSGSIZE / -ENOBUFS (left queued).
  */
 static int q_copy(struct tshm_queue *q, struct qmsg *m, void *buf, size_t cap,
-		  size_t *len, unsigned room, unsigned *nsegs)
+		  size_t *len, unsigned room, unsigned *nsegs,
+		  unsigned fdroom, unsigned *nfds)
 {
 	struct qslot *slot = q_slot(q, m->pos);
 	struct qsegs *qs = q_slot_segs(q, slot);
@@ -453,23 +501,28 @@ static int q_copy(struct tshm_queue *q, struct qmsg *m, void *buf, size_t cap,
 	/* Everything read from the slot is checked against local limits. */
 	m->len = slot->len;
 	m->nsegs = slot->nsegs;
+	m->nfds = slot->nfds;
 	atomic_signal_fence(memory_order_seq_cst);
-	if (m->len > q->max_msg || m->nsegs > TSHM_QUEUE_MAX_SEGS)
+	if (m->len > q->max_msg || m->nsegs > TSHM_QUEUE_MAX_SEGS ||
+	    m->nfds > TSHM_QUEUE_MAX_FDS)
 		return -EBADMSG;
 	if (m->len > cap) {
 		if (len)
 			*len = m->len;
 		return -EMSGSIZE;
 	}
-	if (m->nsegs > room) {
+	if (m->nsegs > room || m->nfds > fdroom) {
 		if (nsegs)
 			*nsegs = m->nsegs;
+		if (nfds)
+			*nfds = m->nfds;
 		return -ENOBUFS;
 	}
 	if (m->len)
 		memcpy(buf, slot->data, m->len);
-	if (m->nsegs) {
+	if (m->nsegs || m->nfds) {
 		m->tag = qs->tag;
+		m->fdtag = qs->fdtag;
 		memcpy(m->h, qs->h, m->nsegs * sizeof(m->h[0]));
 	}
 	return 0;
@@ -488,19 +541,43 @@ static bool q_take(struct tshm_queue *q, const struct qmsg *m)
 	return true;
 }
 
-TSHM_EXPORT
-int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
-		    struct tshm_seg **segs, unsigned *nsegs, int timeout_ms)
+/*
+ * Under the segment lock, after q_recv_take: the message's own fds.  0, 1
+ * (gone: skip the slot) or -EMFILE (nothing of them consumed).  Room for
+ * them was reserved with the segments' fds when those came first.
+ */
+static int q_take_fds(struct tshm_queue *q, const struct qmsg *m,
+		      unsigned reserve, int *fds)
 {
-	unsigned room = nsegs ? *nsegs : 0;
+	int got[SCM_MAX_FDS];
+	struct qwire w;
+	int ret;
+
+	ret = q_sock_take(q, m->fdtag, 0, m->nfds, reserve, &w, got);
+	if (ret == 0)
+		memcpy(fds, got, m->nfds * sizeof(*fds));
+	return ret;
+}
+
+static void q_close_all(int *fds, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		close(fds[i]);
+}
+
+static int q_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
+		  struct tshm_seg **segs, unsigned *nsegs, int *fds,
+		  unsigned *nfds, int timeout_ms)
+{
+	unsigned room = nsegs ? *nsegs : 0, fdroom = nfds ? *nfds : 0, i;
 	const struct backend_ops *ops;
+	bool took, ordered, segs_locked;
 	struct deadline dl;
 	struct q_rx rx;
 	struct qmsg m;
-	int ret, locked = 0;
-	bool took;
+	int ret, fret, locked = 0;
 
-	if (!q || (cap && !buf) || (room && !segs))
+	if (!q || (cap && !buf) || (room && !segs) || (fdroom && !fds))
 		return -EINVAL;
 	if (!q_pidns_ok(q))
 		return -EXDEV;
@@ -513,7 +590,7 @@ int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 				ctx_flush_drops(q->ctx);
 			return ret;
 		}
-		ret = q_copy(q, &m, buf, cap, len, room, nsegs);
+		ret = q_copy(q, &m, buf, cap, len, room, nsegs, fdroom, nfds);
 		if (ret == -EBADMSG) {
 			if (q_take(q, &m))
 				return ret;
@@ -521,7 +598,7 @@ int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 		}
 		if (ret < 0)
 			return ret;
-		if (!m.nsegs) {
+		if (!m.nsegs && !m.nfds) {
 			if (q_take(q, &m))
 				break;
 			continue;
@@ -529,12 +606,15 @@ int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 		memset(&rx, 0, sizeof(rx));
 		rx.n = m.nsegs;
 		rx.tag = m.tag;
+		rx.xfds = m.nfds;
 		memcpy(rx.h, m.h, m.nsegs * sizeof(rx.h[0]));
 		/*
-		 * An ordered transport gives up its messages in ring order
-		 * only: only holders of the segment lock take such slots.
+		 * The socket gives up its messages in ring order only: only
+		 * holders of the segment lock take slots that use it.
 		 */
-		if (ops->q_ordered) {
+		segs_locked = m.nsegs && ops->q_ordered;
+		ordered = segs_locked || m.nfds;
+		if (ordered) {
 			locked = q_lock(q, &dl);
 			if (locked < 0)
 				return locked;
@@ -543,34 +623,79 @@ int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 				continue;
 			}
 		}
-		ret = ops->q_recv_take(q, &rx, segs);
+		ret = m.nsegs ? ops->q_recv_take(q, &rx, segs) : 0;
+		fret = 0;
+		if (ret == 0 && m.nfds) {
+			/* Segments in the socket reserved room for these. */
+			fret = q_take_fds(q, &m, segs_locked ? 0 : m.nfds, fds);
+			if (fret < 0) {
+				/* Only before anything left the socket. */
+				ret = fret;
+			} else if (fret == 1 && segs_locked) {
+				/* Their segments' fds are ours to drop. */
+				q_close_all(rx.fds, 2 * m.nsegs);
+				ret = 1;
+			}
+		}
 		if (ret < 0) {
-			/* No room for the segments' fds: the message stays. */
-			if (ops->q_ordered)
+			/* No room for the fds: the message stays. */
+			if (ordered)
 				q_unlock(q, locked);
-			if (ops->q_recv_undo)
+			if (m.nsegs && ops->q_recv_undo)
 				ops->q_recv_undo(q, &rx, segs);
 			return ret;
 		}
 		took = q_take(q, &m);
-		if (took && ret == 0 && ops->q_recv_commit)
-			ops->q_recv_commit(q, &rx, segs);
-		if (ops->q_ordered)
+		if (ordered && !segs_locked)
 			q_unlock(q, locked);
-		if (!took && ops->q_recv_undo)
-			ops->q_recv_undo(q, &rx, segs);
-		if (!took || ret == 1)
+		if (took && ret == 0 && m.nsegs && ops->q_recv_commit)
+			ops->q_recv_commit(q, &rx, segs);
+		if (segs_locked)
+			q_unlock(q, locked);
+		if (!took || ret == 1 || fret == 1) {
+			if (m.nfds && ret == 0 && fret == 0)
+				q_close_all(fds, m.nfds);
+			if (!took && m.nsegs && ret == 0 && ops->q_recv_undo)
+				ops->q_recv_undo(q, &rx, segs);
+			if (took && ret == 0 && fret == 1) {
+				/* Fds gone: the segments go too. */
+				if (ops->q_recv_finish(q, &rx, segs) == 0)
+					for (i = 0; i < m.nsegs; i++)
+						tshm_seg_unref(segs[i]);
+			}
 			continue;	/* taken by another, or its fds are gone */
-		ret = ops->q_recv_finish(q, &rx, segs);
-		if (ret < 0)
-			return ret;
+		}
+		if (m.nsegs) {
+			ret = ops->q_recv_finish(q, &rx, segs);
+			if (ret < 0) {
+				q_close_all(fds, m.nfds);
+				return ret;
+			}
+		}
 		break;
 	}
 	if (len)
 		*len = m.len;
 	if (nsegs)
 		*nsegs = m.nsegs;
+	if (nfds)
+		*nfds = m.nfds;
 	return 0;
+}
+
+TSHM_EXPORT
+int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
+		    struct tshm_seg **segs, unsigned *nsegs, int timeout_ms)
+{
+	return q_recv(q, buf, cap, len, segs, nsegs, NULL, NULL, timeout_ms);
+}
+
+TSHM_EXPORT
+int tshm_queue_recv_fds(struct tshm_queue *q, void *buf, size_t cap,
+			size_t *len, struct tshm_seg **segs, unsigned *nsegs,
+			int *fds, unsigned *nfds, int timeout_ms)
+{
+	return q_recv(q, buf, cap, len, segs, nsegs, fds, nfds, timeout_ms);
 }
 
 TSHM_EXPORT

@@ -10,6 +10,8 @@
  *   kmod-queue.c    segments through the queue on the module: grants
  *                   and the spare table (backend_ops, backend.h)
  *   memfd-queue.c   the same on the fallback: fds and tags in a socket
+ *   queue-sock.c    the queue's socket: fds in ring order, on both
+ *                   backends (the fallback's segments, tshm_queue_send_fds)
  *   queue-export.c  handing a queue to another process
  */
 #ifndef _TSHM_QUEUE_H
@@ -18,14 +20,14 @@
 #include "tshm-private.h"
 
 #define QUEUE_MAGIC		0x51485354U	/* "TSHQ" */
-#define QUEUE_VERSION		5
+#define QUEUE_VERSION		6
 #define QUEUE_MAX_CAPACITY	65536U
 #define QUEUE_MAX_MSG		(16UL << 20)
 #define QUEUE_MAX_RING		(1UL << 30)
 #define QUEUE_SPIN_US		50
 #define QUEUE_LOCK_SPINS	64
 #define QUEUE_SNDBUF		(8 << 20)
-#define QUEUE_MAX_FDS		4	/* see q_fds() */
+#define QUEUE_MAX_FDS		5	/* see q_fds() */
 #define CACHELINE		64
 /*
  * A slot claimed this long by a live sender is revoked by the receiver
@@ -73,10 +75,12 @@ struct qhdr {
 	uint64_t pidns;
 
 	/*
-	 * The segment lock.  Never needed by byte-only messages.  Fallback:
-	 * serializes the messages that carry fds, so that socket order is
-	 * ring order.  Module: guards the spare table, and is only ever
-	 * tried (a busy lock costs a GRANT or a DROP, never a wait).
+	 * The segment lock.  Never needed by byte-only messages.  Both
+	 * backends: serializes the messages that carry fds through the
+	 * queue's socket (the fallback's segments, tshm_queue_send_fds()),
+	 * so that socket order is ring order.  Module: also guards the spare
+	 * table, and is then only ever tried (a busy lock costs a GRANT or a
+	 * DROP, never a wait).
 	 */
 	pthread_mutex_t lock __attribute__((aligned(CACHELINE)));
 	/*
@@ -88,7 +92,7 @@ struct qhdr {
 	_Atomic uint32_t lockseq;
 	_Atomic uint32_t lockwait;
 	_Atomic uint32_t closed;
-	uint64_t tag;			/* fallback: last socket tag used */
+	uint64_t tag;			/* the last socket tag used */
 
 	/*
 	 * Hints, not commits: the next position to send to and to receive
@@ -186,26 +190,32 @@ static inline int64_t qs_diff(uint64_t w, uint64_t pos)
 /*
  * One slot: the state word, the length and the bytes share the first cache
  * line (a message of up to 48 bytes moves one line); the segments' handles
- * follow the bytes.
+ * and socket tags follow the bytes, read only when @nsegs or @nfds says so.
  */
 struct qslot {
 	_Atomic uint64_t state;
 	uint32_t len;
-	uint32_t nsegs;
+	uint16_t nsegs;
+	uint16_t nfds;			/* tshm_queue_send_fds()'s */
 	unsigned char data[];
 };
 
-/* After the bytes of every slot: what segments a message carries. */
+/* After the bytes of every slot: what else a message carries. */
 struct qsegs {
-	uint64_t tag;			/* fallback: its socket message */
+	uint64_t tag;			/* fallback: its segments' socket message */
+	uint64_t fdtag;			/* its fds' socket message */
 	struct tshm_handle h[TSHM_QUEUE_MAX_SEGS];
 };
 
-/* What travels through the fallback's socket next to the fds. */
+/*
+ * What travels through the queue's socket next to the fds: a fallback
+ * message's segments (@nsegs, two fds each, and their lease generations),
+ * or a message's own fds (@nsegs 0, @nfds of them).
+ */
 struct qwire {
 	uint64_t tag;
 	uint32_t nsegs;
-	uint32_t __pad;
+	uint32_t nfds;
 	uint64_t gen[TSHM_QUEUE_MAX_SEGS];
 };
 
@@ -222,7 +232,7 @@ struct tshm_queue {
 	size_t max_msg;
 	int fd;				/* the ring's memfd */
 	int gfd;			/* module: the queue's context */
-	int sfd[2];			/* fallback: send end, receive end */
+	int sfd[2];			/* the socket: send end, receive end */
 	int efd;			/* tshm_queue_fd(): an eventfd */
 	bool pollable;			/* this process polls @efd */
 	enum tshm_wait wait;
@@ -286,6 +296,14 @@ int q_wait(struct tshm_queue *q, _Atomic uint32_t *word, uint32_t seen,
 	   _Atomic uint32_t *waiters, const struct deadline *dl);
 void q_poll_wake(struct tshm_queue *q, bool force);
 void q_poll_arm(struct tshm_queue *q);
+
+/* queue-sock.c: the queue's socket, written and read under the lock */
+int q_sock_open(int *sfd);
+int q_sock_check(const int *fds, int *sfd);
+int q_sock_send(struct tshm_queue *q, struct qwire *w, const int *fds,
+		unsigned nfds, uint64_t *tag);
+int q_sock_take(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
+		unsigned nfds, unsigned reserve, struct qwire *w, int *fds);
 
 /* queue-export.c: the fds that make a queue, in the order they travel */
 int q_fds(const struct tshm_queue *q, int *fds);

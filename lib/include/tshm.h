@@ -44,7 +44,7 @@ extern "C" {
 #endif
 
 #define TSHM_VERSION_MAJOR	0
-#define TSHM_VERSION_MINOR	3	/* the newest node of libtshm.map */
+#define TSHM_VERSION_MINOR	4	/* the newest node of libtshm.map */
 
 struct tshm_ctx;
 struct tshm_seg;
@@ -226,6 +226,34 @@ int tshm_queue_send(struct tshm_queue *q, const void *msg, size_t len,
  */
 int tshm_queue_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 		    struct tshm_seg **segs, unsigned *nsegs, int timeout_ms);
+
+/* File descriptors one message can carry. */
+#define TSHM_QUEUE_MAX_FDS	4
+
+/*
+ * Messages that carry file descriptors, for what is neither bytes nor a
+ * segment (a GPU allocation's exported handle, a pipe, a socket), on both
+ * backends.  tshm_queue_send_fds() is tshm_queue_send() plus @nfds (up to
+ * TSHM_QUEUE_MAX_FDS) of the caller's fds, which it keeps: the receiver
+ * gets its own (O_CLOEXEC), in the same message as the bytes and segments.
+ * While the message is queued the kernel holds the fds' files in the
+ * queue's socket, so the sender may close them, or exit.  -EBADF: an fd is
+ * not open; nothing was sent.  Such messages take the queue's segment lock
+ * (Documentation/lib/queue.rst), and each fd in flight counts against the
+ * sender's RLIMIT_NOFILE as the fallback's segments do (above).
+ *
+ * tshm_queue_recv_fds() is tshm_queue_recv() plus @fds (*@nfds: in, room;
+ * out, how many arrived; the caller closes them).  The fds are what a
+ * peer sent: check what they are before use.  -ENOBUFS (*@nfds set to the
+ * count needed), -EMFILE: the message stays queued.  tshm_queue_recv()
+ * answers -ENOBUFS for a message with fds, and leaves it queued.
+ */
+int tshm_queue_send_fds(struct tshm_queue *q, const void *msg, size_t len,
+			struct tshm_seg *const *segs, unsigned nsegs,
+			const int *fds, unsigned nfds, int timeout_ms);
+int tshm_queue_recv_fds(struct tshm_queue *q, void *buf, size_t cap,
+			size_t *len, struct tshm_seg **segs, unsigned *nsegs,
+			int *fds, unsigned *nfds, int timeout_ms);
 
 /*
  * Close the queue for every process: sends then fail with -EPIPE; receivers

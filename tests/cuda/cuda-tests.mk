@@ -51,11 +51,11 @@ $(CUDA_FAKE_ASAN_B)/libfake-cuda.so: $(CUDA_FAKE_LIB)
 	@mkdir -p $(@D)
 	$(Q)cp $< $@
 
-$(CUDA_FAKE_ASAN_BIN): tests/cuda/test-cuda.c $(CUDA_SRCS) $(CUDA_LIB_SRCS) \
+$(CUDA_FAKE_ASAN_BIN): tests/cuda/test-cuda.c $(CUDA_SRCS) \
 		       $(CUDA_HDRS) $(LIB_ASAN_A) \
 		       | $(CUDA_FAKE_ASAN_B)/libfake-cuda.so
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(CUDA_TEST_CFLAGS) $(SAN_FLAGS) -DTSHM_CUDA_FAKE -o $@ $< \
-		$(CUDA_SRCS) $(CUDA_LIB_SRCS) $(LIB_ASAN_A) -ldl $(LDLIBS)
+		$(CUDA_SRCS) $(LIB_ASAN_A) -ldl $(LDLIBS)
 
 endif

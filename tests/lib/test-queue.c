@@ -444,7 +444,7 @@ TEST_F(q, import_errors)
 	EXPECT_EQ(-EINVAL, tshm_queue_import(self->ctx,
 					     "tshm-queue:1:memfd:5,6,7", &q));
 	EXPECT_EQ(-EBADF, tshm_queue_import(self->ctx, is_kmod(self->ctx) ?
-					    "tshm-queue:2:kmod:900,901,902" :
+					    "tshm-queue:2:kmod:900,901,902,903,904" :
 					    "tshm-queue:2:memfd:900,901,902,903",
 					    &q));
 	EXPECT_EQ(-EXDEV, tshm_queue_import(self->ctx, is_kmod(self->ctx) ?
@@ -459,16 +459,18 @@ TEST_F(q, import_errors)
 	ASSERT_LE(0, efd);
 	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
 	if (is_kmod(self->ctx))
-		snprintf(desc, sizeof(desc), "tshm-queue:2:kmod:%d,%d,%d", fd,
-			 tshm_ctx_fd(self->ctx), efd);
+		snprintf(desc, sizeof(desc),
+			 "tshm-queue:2:kmod:%d,%d,%d,%d,%d", fd,
+			 tshm_ctx_fd(self->ctx), sv[0], sv[1], efd);
 	else
 		snprintf(desc, sizeof(desc), "tshm-queue:2:memfd:%d,%d,%d,%d",
 			 fd, sv[0], sv[1], efd);
 	EXPECT_EQ(-EBADMSG, tshm_queue_import(self->ctx, desc, &q));
 	/* The ring's fd where the eventfd belongs: not an eventfd. */
 	if (is_kmod(self->ctx))
-		snprintf(desc, sizeof(desc), "tshm-queue:2:kmod:%d,%d,%d", fd,
-			 tshm_ctx_fd(self->ctx), fd);
+		snprintf(desc, sizeof(desc),
+			 "tshm-queue:2:kmod:%d,%d,%d,%d,%d", fd,
+			 tshm_ctx_fd(self->ctx), sv[0], sv[1], fd);
 	else
 		snprintf(desc, sizeof(desc), "tshm-queue:2:memfd:%d,%d,%d,%d",
 			 fd, sv[0], sv[1], fd);
@@ -844,53 +846,24 @@ TEST_F_TIMEOUT(q, header_flipped_during_import, 300)
 	EXPECT_EQ(8, tshm_queue_capacity(self->q));
 }
 
-/* The highest fd number open in this process. */
-static int highest_fd(void)
-{
-	struct dirent *d;
-	DIR *dir = opendir("/proc/self/fd");
-	int max = -1, fd;
-
-	if (!dir)
-		return -1;
-	while ((d = readdir(dir))) {
-		fd = atoi(d->d_name);
-		if (d->d_name[0] != '.' && fd > max)
-			max = fd;
-	}
-	closedir(dir);
-	return max;	/* the DIR's own fd included: one more than needed */
-}
-
 static int out_of_fds_child(struct tshm_queue *q, uint64_t sum)
 {
-	struct rlimit old, low;
+	static struct fd_squeeze sq;
 	struct tshm_seg *segs[1];
-	static int fill[4096];
-	int nfill = 0, ret;
 	unsigned n = 1;
 	size_t len;
+	int ret;
 	char x;
 
-	if (getrlimit(RLIMIT_NOFILE, &old))
+	if (fds_squeeze(&sq))
 		return 10;
-	low = old;
-	low.rlim_cur = highest_fd() + 1;
-	if (setrlimit(RLIMIT_NOFILE, &low))
-		return 11;
-	/* Take every fd number left below the limit. */
-	while (nfill < 4096 &&
-	       (fill[nfill] = open("/dev/null", O_RDONLY)) >= 0)
-		nfill++;
 	ret = tshm_queue_recv(q, &x, 1, &len, segs, &n, 2000);
 	if (ret != -EMFILE) {
 		fprintf(stderr, "# recv out of fds: %d (%s)\n", ret,
 			tshm_strerror(ret));
 		return 12;
 	}
-	while (nfill)
-		close(fill[--nfill]);
-	if (setrlimit(RLIMIT_NOFILE, &old))
+	if (fds_unsqueeze(&sq))
 		return 13;
 	n = 1;
 	ret = tshm_queue_recv(q, &x, 1, &len, segs, &n, 0);

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +44,64 @@ static inline void fill_pattern(void *p, size_t n, uint64_t seed)
 		w[i] = x;
 	}
 	memset((char *)p + (n & ~7UL), (int)seed, n & 7);
+}
+
+/* The highest fd number open in this process. */
+static inline int highest_fd(void)
+{
+	struct dirent *d;
+	DIR *dir = opendir("/proc/self/fd");
+	int max = -1, fd;
+
+	if (!dir)
+		return -1;
+	while ((d = readdir(dir))) {
+		fd = atoi(d->d_name);
+		if (d->d_name[0] != '.' && fd > max)
+			max = fd;
+	}
+	closedir(dir);
+	return max;	/* the DIR's own fd included: one more than needed */
+}
+
+/*
+ * Leave this process no fd number to open: RLIMIT_NOFILE down to what is
+ * open, every free number below it taken.  fds_unsqueeze() undoes it.
+ */
+struct fd_squeeze {
+	struct rlimit old;
+	int fill[4096];
+	int n;
+};
+
+static inline int fds_squeeze(struct fd_squeeze *s)
+{
+	struct rlimit low;
+
+	s->n = 0;
+	if (getrlimit(RLIMIT_NOFILE, &s->old))
+		return -1;
+	low = s->old;
+	low.rlim_cur = highest_fd() + 1;
+	if (setrlimit(RLIMIT_NOFILE, &low))
+		return -1;
+	while (s->n < 4096 &&
+	       (s->fill[s->n] = open("/dev/null", O_RDONLY)) >= 0)
+		s->n++;
+	return 0;
+}
+
+/* Give back @n of the numbers taken (all when @n is larger). */
+static inline void fds_give(struct fd_squeeze *s, int n)
+{
+	while (s->n && n--)
+		close(s->fill[--s->n]);
+}
+
+static inline int fds_unsqueeze(struct fd_squeeze *s)
+{
+	fds_give(s, s->n);
+	return setrlimit(RLIMIT_NOFILE, &s->old);
 }
 
 /* Open segment memfds of this process ("/memfd:tshm:..."). */
