@@ -67,9 +67,11 @@ LDLIBS   := -lpthread
 
 # Test binaries, filled in by the fragments:
 #   TESTS_VM     run only in the VM, module loaded
+#   TESTS_HOST   run only on the host (what needs no kernel of ours: builds)
 #   TESTS_BOTH   run on the host (memfd fallback, also under ASan) and in the
 #                VM (module); each must pick its backend through the library
 TESTS_VM   :=
+TESTS_HOST :=
 TESTS_BOTH :=
 BENCH      :=
 ALL        :=

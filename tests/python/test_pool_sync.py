@@ -90,7 +90,7 @@ def _barrier_child(bar, q):
     q.put(bar.wait(60))
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_barrier_across_processes(method):
     ctx = mp.get_context(method)
     bar = tshm.Barrier(3)
