@@ -10,6 +10,7 @@ is a fresh interpreter importing torch, which takes half a minute in the
 emulated VM.  "fork" starts with torch imported and runs in the VM too."""
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -130,7 +131,9 @@ def test_fork_worker_exit_status_and_closure():
 PARENT = textwrap.dedent("""
     import os, sys, time, tshm.torch
     def sleeper(rank):
-        print("worker", os.getpid(), flush=True)
+        # One write: three workers print at once, and under
+        # PYTHONUNBUFFERED print() writes its pieces one by one.
+        os.write(1, f"worker {os.getpid()}\\n".encode())
         time.sleep(600)
     if __name__ == "__main__":
         tshm.torch.spawn(sleeper, nprocs=3, start_method=sys.argv[1])
@@ -147,10 +150,16 @@ def test_workers_never_outlive_a_sigkilled_parent(tmp_path, method):
     try:
         deadline = time.monotonic() + 300
         while len(pids) < 3 and time.monotonic() < deadline:
+            # Never block past the deadline on a worker that says nothing.
+            if not select.select([p.stdout], [], [],
+                                 deadline - time.monotonic())[0]:
+                break
             line = p.stdout.readline()
+            if not line:
+                break
             if line.startswith("worker"):
                 pids.append(int(line.split()[1]))
-        assert len(pids) == 3
+        assert len(pids) == 3, pids
         os.kill(p.pid, signal.SIGKILL)
         p.wait(30)
         deadline = time.monotonic() + 30
