@@ -37,16 +37,19 @@ struct seg_wire {
 
 /*
  * A received queue message's segments, between the ring's lock and the
- * caller: the handles copied out of the slot (@h, @n, @tag), the fds that
- * the queue takes from its socket after q_recv_take (@xfds: reserve room
- * for them too) and what the backend took for them before the commit
- * (@fds, @gen, @overflow).
+ * caller: the handles copied out of the slot (@h, @n, @tag), how many fds
+ * of its own the message carries (@xfds: q_recv_take reserves room for
+ * them too), and what the backend took before the commit (@fds, @gen,
+ * @overflow; @taken when an ordered transport took the message's socket
+ * message, its own fds in @xfd, which the queue then owns).
  */
 struct q_rx {
 	struct tshm_handle h[TSHM_QUEUE_MAX_SEGS];
 	unsigned n;
 	uint64_t tag;
 	unsigned xfds;
+	bool taken;
+	int xfd[TSHM_QUEUE_MAX_FDS];
 	int fds[2 * TSHM_QUEUE_MAX_SEGS];
 	uint64_t gen[TSHM_QUEUE_MAX_SEGS];
 	unsigned overflow;
@@ -113,21 +116,25 @@ struct backend_ops {
 	bool q_ordered;
 	/*
 	 * Before the commit: make @nsegs segments travel with the message,
-	 * filling the slot's handles @h (and @tag).  -EAGAIN: the transport
-	 * is full; -ETOOMANYREFS: the user's fds in flight are at their
-	 * limit.  Both leave nothing behind.
+	 * filling the slot's handles @h (and @tag).  An ordered transport
+	 * sends the message's own fds (@xfds) in the same socket message, so
+	 * that a message goes whole or not at all; an unordered backend is
+	 * given none.  -EAGAIN: the transport is full; -ETOOMANYREFS: the
+	 * user's fds in flight are at their limit.  Both leave nothing behind.
 	 */
 	int (*q_send_segs)(struct tshm_queue *q, struct tshm_seg *const *segs,
-			   unsigned nsegs, struct tshm_handle *h,
-			   uint64_t *tag);
+			   unsigned nsegs, const int *xfds, unsigned nxfds,
+			   struct tshm_handle *h, uint64_t *tag);
 	/* Optional: the message will not be sent, undo q_send_segs. */
 	void (*q_send_undo)(struct tshm_queue *q, const struct tshm_handle *h,
 			    unsigned nsegs);
 	/*
-	 * Receive, before the commit: take what @rx's handles need.  0: go
-	 * on; 1: another receiver's (dead) leftovers, commit and skip the
-	 * slot; <0: leave the message queued.  When the message is not
-	 * taken after all, q_recv_undo (optional, unlocked).
+	 * Receive, before the commit: take what @rx's handles need (and, on
+	 * an ordered transport, the message's own fds), after checking room
+	 * for those and @rx->xfds.  0: go on; 1: another receiver's (dead)
+	 * leftovers, commit and skip the slot; <0: leave the message queued.
+	 * When the message is not taken after all, q_recv_undo (optional,
+	 * unlocked).
 	 */
 	int (*q_recv_take)(struct tshm_queue *q, struct q_rx *rx,
 			   struct tshm_seg **segs);

@@ -195,7 +195,8 @@ int kmod_q_check_fds(const int *fds, unsigned n, int *gfd, int *sfd)
  * segment.
  */
 int kmod_q_send_segs(struct tshm_queue *q, struct tshm_seg *const *segs,
-		     unsigned nsegs, struct tshm_handle *h, uint64_t *tag)
+		     unsigned nsegs, const int *xfds, unsigned nxfds,
+		     struct tshm_handle *h, uint64_t *tag)
 {
 	bool took[TSHM_QUEUE_MAX_SEGS];
 	int locked = q_trylock(q);
@@ -255,7 +256,8 @@ int kmod_q_recv_take(struct tshm_queue *q, struct q_rx *rx,
 	}
 	pthread_mutex_unlock(&ctx->lock);
 	rx->overflow = 0;
-	return miss ? fd_reserve(q->fd, miss) : 0;
+	/* ATTACHes after the commit, with the message's own fds held. */
+	return miss + rx->xfds ? fd_reserve(q->fd, miss + rx->xfds) : 0;
 }
 
 void kmod_q_recv_undo(struct tshm_queue *q, struct q_rx *rx,

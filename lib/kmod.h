@@ -50,7 +50,8 @@ int kmod_q_open(int *gfd, int *sfd);
 int kmod_q_fds(const struct tshm_queue *q, int *fds);
 int kmod_q_check_fds(const int *fds, unsigned n, int *gfd, int *sfd);
 int kmod_q_send_segs(struct tshm_queue *q, struct tshm_seg *const *segs,
-		     unsigned nsegs, struct tshm_handle *h, uint64_t *tag);
+		     unsigned nsegs, const int *xfds, unsigned nxfds,
+		     struct tshm_handle *h, uint64_t *tag);
 void kmod_q_send_undo(struct tshm_queue *q, const struct tshm_handle *h,
 		      unsigned nsegs);
 int kmod_q_recv_take(struct tshm_queue *q, struct q_rx *rx,

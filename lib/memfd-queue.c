@@ -42,11 +42,12 @@ int memfd_q_check_fds(const int *fds, unsigned n, int *gfd, int *sfd)
  * with the slot's new tag, so that socket order is ring order.
  */
 int memfd_q_send_segs(struct tshm_queue *q, struct tshm_seg *const *segs,
-		      unsigned nsegs, struct tshm_handle *h, uint64_t *tag)
+		      unsigned nsegs, const int *xfds, unsigned nxfds,
+		      struct tshm_handle *h, uint64_t *tag)
 {
 	struct tshm_lease *lease[TSHM_QUEUE_MAX_SEGS];
-	int fds[2 * TSHM_QUEUE_MAX_SEGS];
-	struct qwire w = { .nsegs = nsegs, .nfds = 2 * nsegs };
+	int fds[SCM_MAX_FDS];
+	struct qwire w = { .nsegs = nsegs, .nfds = 2 * nsegs + nxfds };
 	unsigned i, n;
 	int ret = 0;
 
@@ -61,7 +62,9 @@ int memfd_q_send_segs(struct tshm_queue *q, struct tshm_seg *const *segs,
 		h[n].grants = 0;
 		h[n].flags = 0;
 	}
-	ret = q_sock_send(q, &w, fds, 2 * nsegs, tag);
+	if (nxfds)
+		memcpy(fds + 2 * nsegs, xfds, nxfds * sizeof(*fds));
+	ret = q_sock_send(q, &w, fds, 2 * nsegs + nxfds, tag);
 out:
 	for (i = 0; i < n; i++)
 		lease_put(lease[i]);
@@ -69,21 +72,26 @@ out:
 }
 
 /*
- * Fetch the fds of the message tagged @tag (and check room for the fds the
- * queue takes after them, @xfds).  1: they are gone (a receiver died
- * holding them), the slot must be skipped.  -EMFILE: no room for them in
- * this process; nothing was consumed.
+ * Fetch the fds of the message tagged @rx->tag: its segments' and its
+ * own.  1: they are gone (a receiver died holding them), the slot must be
+ * skipped.  -EMFILE: no room for them in this process; nothing was
+ * consumed.
  */
-static int recv_fds(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
-		    unsigned xfds, int *fds, uint64_t *gen)
+static int recv_fds(struct tshm_queue *q, struct q_rx *rx)
 {
+	unsigned nsegs = rx->n, n = 2 * nsegs + rx->xfds;
+	int fds[SCM_MAX_FDS];
 	struct qwire w;
 	int ret;
 
-	ret = q_sock_take(q, tag, nsegs, 2 * nsegs, 2 * nsegs + xfds, &w, fds);
-	if (ret == 0)
-		memcpy(gen, w.gen, nsegs * sizeof(*gen));
-	return ret;
+	ret = q_sock_take(q, rx->tag, nsegs, n, n, &w, fds);
+	if (ret)
+		return ret;
+	memcpy(rx->gen, w.gen, nsegs * sizeof(rx->gen[0]));
+	memcpy(rx->fds, fds, 2 * nsegs * sizeof(*fds));
+	memcpy(rx->xfd, fds + 2 * nsegs, rx->xfds * sizeof(*fds));
+	rx->taken = true;
+	return 0;
 }
 
 static int adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
@@ -125,7 +133,7 @@ static int adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
 int memfd_q_recv_take(struct tshm_queue *q, struct q_rx *rx,
 		      struct tshm_seg **segs)
 {
-	return recv_fds(q, rx->tag, rx->n, rx->xfds, rx->fds, rx->gen);
+	return recv_fds(q, rx);
 }
 
 /* After the commit, unlocked. */
@@ -133,4 +141,18 @@ int memfd_q_recv_finish(struct tshm_queue *q, struct q_rx *rx,
 			struct tshm_seg **segs)
 {
 	return adopt_fds(q, rx->n, rx->fds, rx->gen, segs);
+}
+
+/*
+ * The message was not taken after all: close the segments' fds its socket
+ * message gave (its own fds, @rx->xfd, are the queue's to close).
+ */
+void memfd_q_recv_undo(struct tshm_queue *q, struct q_rx *rx,
+		       struct tshm_seg **segs)
+{
+	if (!rx->taken)
+		return;
+	for (unsigned i = 0; i < 2 * rx->n; i++)
+		close(rx->fds[i]);
+	rx->taken = false;
 }

@@ -203,5 +203,6 @@ const struct backend_ops memfd_ops = {
 	.q_ordered		= true,
 	.q_send_segs		= memfd_q_send_segs,
 	.q_recv_take		= memfd_q_recv_take,
+	.q_recv_undo		= memfd_q_recv_undo,
 	.q_recv_finish		= memfd_q_recv_finish,
 };

@@ -48,9 +48,12 @@ int memfd_q_open(int *gfd, int *sfd);
 int memfd_q_fds(const struct tshm_queue *q, int *fds);
 int memfd_q_check_fds(const int *fds, unsigned n, int *gfd, int *sfd);
 int memfd_q_send_segs(struct tshm_queue *q, struct tshm_seg *const *segs,
-		      unsigned nsegs, struct tshm_handle *h, uint64_t *tag);
+		      unsigned nsegs, const int *xfds, unsigned nxfds,
+		      struct tshm_handle *h, uint64_t *tag);
 int memfd_q_recv_take(struct tshm_queue *q, struct q_rx *rx,
 		      struct tshm_seg **segs);
+void memfd_q_recv_undo(struct tshm_queue *q, struct q_rx *rx,
+		       struct tshm_seg **segs);
 int memfd_q_recv_finish(struct tshm_queue *q, struct q_rx *rx,
 			struct tshm_seg **segs);
 

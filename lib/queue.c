@@ -187,7 +187,7 @@ static int q_send_locked(struct tshm_queue *q, const void *msg, size_t len,
 	int ret, locked;
 
 	if (nsegs && !segs_locked) {
-		ret = ops->q_send_segs(q, segs, nsegs, qs.h, &qs.tag);
+		ret = ops->q_send_segs(q, segs, nsegs, NULL, 0, qs.h, &qs.tag);
 		if (ret < 0)
 			return ret;
 	}
@@ -212,11 +212,12 @@ static int q_send_locked(struct tshm_queue *q, const void *msg, size_t len,
 				break;
 			continue;
 		}
-		ret = 0;
-		if (segs_locked)
-			ret = ops->q_send_segs(q, segs, nsegs, qs.h, &qs.tag);
-		if (ret == 0 && nfds) {
-			/* Killed or failed after the segments: an orphan. */
+		/* One socket message: the whole message's fds, or none. */
+		if (segs_locked) {
+			ret = ops->q_send_segs(q, segs, nsegs, fds, nfds, qs.h,
+					       &qs.tag);
+			qs.fdtag = qs.tag;
+		} else {
 			memset(&w, 0, sizeof(w));
 			w.nfds = nfds;
 			ret = q_sock_send(q, &w, fds, nfds, &qs.fdtag);
@@ -307,7 +308,8 @@ static int q_send(struct tshm_queue *q, const void *msg, size_t len,
 		 * for the retry when the claim is revoked.
 		 */
 		if (nsegs) {
-			ret = ops->q_send_segs(q, segs, nsegs, qs.h, &qs.tag);
+			ret = ops->q_send_segs(q, segs, nsegs, NULL, 0, qs.h,
+					       &qs.tag);
 			if (ret < 0)
 				return ret;
 		}
@@ -542,18 +544,17 @@ static bool q_take(struct tshm_queue *q, const struct qmsg *m)
 }
 
 /*
- * Under the segment lock, after q_recv_take: the message's own fds.  0, 1
- * (gone: skip the slot) or -EMFILE (nothing of them consumed).  Room for
- * them was reserved with the segments' fds when those came first.
+ * Under the segment lock, after q_recv_take: the message's own fds when
+ * they travel alone (the module, or no segments).  0, 1 (gone: skip the
+ * slot) or -EMFILE (nothing consumed).
  */
-static int q_take_fds(struct tshm_queue *q, const struct qmsg *m,
-		      unsigned reserve, int *fds)
+static int q_take_fds(struct tshm_queue *q, const struct qmsg *m, int *fds)
 {
 	int got[SCM_MAX_FDS];
 	struct qwire w;
 	int ret;
 
-	ret = q_sock_take(q, m->fdtag, 0, m->nfds, reserve, &w, got);
+	ret = q_sock_take(q, m->fdtag, 0, m->nfds, m->nfds, &w, got);
 	if (ret == 0)
 		memcpy(fds, got, m->nfds * sizeof(*fds));
 	return ret;
@@ -626,15 +627,13 @@ static int q_recv(struct tshm_queue *q, void *buf, size_t cap, size_t *len,
 		ret = m.nsegs ? ops->q_recv_take(q, &rx, segs) : 0;
 		fret = 0;
 		if (ret == 0 && m.nfds) {
-			/* Segments in the socket reserved room for these. */
-			fret = q_take_fds(q, &m, segs_locked ? 0 : m.nfds, fds);
-			if (fret < 0) {
-				/* Only before anything left the socket. */
-				ret = fret;
-			} else if (fret == 1 && segs_locked) {
-				/* Their segments' fds are ours to drop. */
-				q_close_all(rx.fds, 2 * m.nsegs);
-				ret = 1;
+			if (rx.taken) {
+				/* With the segments': one socket message. */
+				memcpy(fds, rx.xfd, m.nfds * sizeof(*fds));
+			} else {
+				fret = q_take_fds(q, &m, fds);
+				if (fret < 0)
+					ret = fret;	/* nothing was taken */
 			}
 		}
 		if (ret < 0) {

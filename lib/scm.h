@@ -12,8 +12,11 @@
 
 #include "tshm.h"
 
-/* The most fds one message carries: a queue message's segments + leases. */
-#define SCM_MAX_FDS	(2 * TSHM_QUEUE_MAX_SEGS)
+/*
+ * The most fds one message carries: a queue message's segments and their
+ * leases (fallback), and the message's own fds.
+ */
+#define SCM_MAX_FDS	(2 * TSHM_QUEUE_MAX_SEGS + TSHM_QUEUE_MAX_FDS)
 
 /*
  * Send @len bytes and @nfds fds (<= SCM_MAX_FDS) in one message: 0, or

@@ -125,6 +125,123 @@ TEST_F(qf, errors_lose_nothing)
 	EXPECT_EQ(0, n);
 }
 
+/* The most a message carries: 8 segments and 4 fds, one socket message. */
+TEST_F(qf, most_segments_and_fds)
+{
+	struct tshm_seg *segs[TSHM_QUEUE_MAX_SEGS], *got[TSHM_QUEUE_MAX_SEGS];
+	int fds[TSHM_QUEUE_MAX_FDS], rfds[TSHM_QUEUE_MAX_FDS];
+	unsigned i, nsegs = TSHM_QUEUE_MAX_SEGS, nfds = TSHM_QUEUE_MAX_FDS;
+	size_t len;
+	char b[8];
+
+	for (i = 0; i < TSHM_QUEUE_MAX_SEGS; i++) {
+		ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "most", 0,
+					     &segs[i]));
+		*(uint64_t *)tshm_seg_data(segs[i]) = 100 + i;
+	}
+	for (i = 0; i < TSHM_QUEUE_MAX_FDS; i++) {
+		fds[i] = labelled_fd(200 + i);
+		ASSERT_LE(0, fds[i]);
+	}
+	ASSERT_EQ(0, tshm_queue_send_fds(self->q, "M", 1, segs,
+					 TSHM_QUEUE_MAX_SEGS, fds,
+					 TSHM_QUEUE_MAX_FDS, 0));
+	ASSERT_EQ(0, tshm_queue_send(self->q, "b", 1, NULL, 0, 0));
+	ASSERT_EQ(0, tshm_queue_recv_fds(self->q, b, sizeof(b), &len, got,
+					 &nsegs, rfds, &nfds, 0));
+	ASSERT_EQ(TSHM_QUEUE_MAX_SEGS, nsegs);
+	ASSERT_EQ(TSHM_QUEUE_MAX_FDS, nfds);
+	for (i = 0; i < TSHM_QUEUE_MAX_SEGS; i++) {
+		EXPECT_EQ(100 + i, *(uint64_t *)tshm_seg_data(got[i]));
+		tshm_seg_unref(got[i]);
+	}
+	for (i = 0; i < TSHM_QUEUE_MAX_FDS; i++) {
+		EXPECT_EQ(200 + i, label_of(rfds[i]));
+		close(rfds[i]);
+		close(fds[i]);
+	}
+	/* The byte message behind it is not held up. */
+	ASSERT_EQ(0, tshm_queue_recv(self->q, b, sizeof(b), &len, NULL, NULL,
+				     0));
+	EXPECT_EQ('b', b[0]);
+	for (i = 0; i < TSHM_QUEUE_MAX_SEGS; i++)
+		tshm_seg_unref(segs[i]);
+}
+
+/*
+ * A send that fails because the socket is full sends nothing: not its
+ * segments either (they once went in a socket message of their own, which
+ * stayed behind as an orphan no receiver dropped, holding the segment and
+ * wedging later fd messages).
+ */
+TEST_F(qf, full_socket_send_leaves_nothing)
+{
+	struct tshm_seg *seg, *rs[TSHM_QUEUE_MAX_SEGS];
+	int p[2], got[TSHM_QUEUE_MAX_FDS], ret, sent = 0, fails = 0;
+	struct tshm_queue *q;
+	unsigned ns, nf, i;
+	size_t len;
+	char b[8];
+
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, 16384, 64, &q));
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "victim", 0, &seg));
+	ASSERT_EQ(0, pipe2(p, O_CLOEXEC));
+	while ((ret = tshm_queue_send_fds(q, "f", 1, NULL, 0, &p[0], 1, 0)) ==
+	       0)
+		sent++;
+	EXPECT_EQ(-EAGAIN, ret);
+	ASSERT_LT(sent, 16384);		/* the socket filled, not the ring */
+	EXPECT_EQ(-EAGAIN, tshm_queue_send_fds(q, "s", 1, &seg, 1, p, 2, 0));
+	/*
+	 * Room for one small message: the segments' fds and the message's
+	 * own fit, or nothing goes (they were two socket messages once, and
+	 * the second did not fit).
+	 */
+	for (int round = 0; round < 50; round++) {
+		ns = TSHM_QUEUE_MAX_SEGS;
+		nf = TSHM_QUEUE_MAX_FDS;
+		ASSERT_EQ(0, tshm_queue_recv_fds(q, b, sizeof(b), &len, rs,
+						 &ns, got, &nf, 0));
+		for (i = 0; i < nf; i++)
+			close(got[i]);
+		for (i = 0; i < ns; i++)
+			tshm_seg_unref(rs[i]);
+		ret = tshm_queue_send_fds(q, "s", 1, &seg, 1, p, 2, 0);
+		if (ret == 0)
+			sent++;
+		else
+			fails++;
+		ASSERT_TRUE(ret == 0 || ret == -EAGAIN);
+	}
+	while (tshm_queue_len(q)) {
+		ns = TSHM_QUEUE_MAX_SEGS;
+		nf = TSHM_QUEUE_MAX_FDS;
+		ASSERT_EQ(0, tshm_queue_recv_fds(q, b, sizeof(b), &len, rs,
+						 &ns, got, &nf, 0));
+		for (i = 0; i < nf; i++)
+			close(got[i]);
+		for (i = 0; i < ns; i++)
+			tshm_seg_unref(rs[i]);
+	}
+	TH_LOG("%d sent, %d refused while the socket was full", sent, fails);
+	/* Nothing of the refused sends holds the segment or the socket. */
+	EXPECT_EQ(0, tshm_seg_wait_released(seg, 2000));
+	EXPECT_EQ(0, tshm_queue_send_fds(q, "s", 1, &seg, 1, p, 2, 2000));
+	ns = TSHM_QUEUE_MAX_SEGS;
+	nf = TSHM_QUEUE_MAX_FDS;
+	EXPECT_EQ(0, tshm_queue_recv_fds(q, b, sizeof(b), &len, rs, &ns, got,
+					 &nf, 2000));
+	EXPECT_EQ(2, nf);
+	for (i = 0; i < nf; i++)
+		close(got[i]);
+	for (i = 0; i < ns; i++)
+		tshm_seg_unref(rs[i]);
+	close(p[0]);
+	close(p[1]);
+	tshm_seg_unref(seg);
+	tshm_queue_unref(q);
+}
+
 /* The kernel holds a queued message's files: the sender may exit. */
 TEST_F(qf, sender_exits_before_receive)
 {
