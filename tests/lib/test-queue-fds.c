@@ -168,6 +168,26 @@ TEST_F(qf, most_segments_and_fds)
 		tshm_seg_unref(segs[i]);
 }
 
+/* Take one message and let go of all it brought: its fd count, or -errno. */
+static int take_and_drop(struct tshm_queue *q, int timeout_ms)
+{
+	struct tshm_seg *rs[TSHM_QUEUE_MAX_SEGS];
+	unsigned ns = TSHM_QUEUE_MAX_SEGS, nf = TSHM_QUEUE_MAX_FDS, i;
+	int got[TSHM_QUEUE_MAX_FDS], ret;
+	size_t len;
+	char b[8];
+
+	ret = tshm_queue_recv_fds(q, b, sizeof(b), &len, rs, &ns, got, &nf,
+				  timeout_ms);
+	if (ret)
+		return ret;
+	for (i = 0; i < nf; i++)
+		close(got[i]);
+	for (i = 0; i < ns; i++)
+		tshm_seg_unref(rs[i]);
+	return nf;
+}
+
 /*
  * A send that fails because the socket is full sends nothing: not its
  * segments either (they once went in a socket message of their own, which
@@ -176,12 +196,9 @@ TEST_F(qf, most_segments_and_fds)
  */
 TEST_F(qf, full_socket_send_leaves_nothing)
 {
-	struct tshm_seg *seg, *rs[TSHM_QUEUE_MAX_SEGS];
-	int p[2], got[TSHM_QUEUE_MAX_FDS], ret, sent = 0, fails = 0;
+	int p[2], ret, sent = 0, fails = 0;
 	struct tshm_queue *q;
-	unsigned ns, nf, i;
-	size_t len;
-	char b[8];
+	struct tshm_seg *seg;
 
 	ASSERT_EQ(0, tshm_queue_create(self->ctx, 16384, 64, &q));
 	ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "victim", 0, &seg));
@@ -198,44 +215,21 @@ TEST_F(qf, full_socket_send_leaves_nothing)
 	 * the second did not fit).
 	 */
 	for (int round = 0; round < 50; round++) {
-		ns = TSHM_QUEUE_MAX_SEGS;
-		nf = TSHM_QUEUE_MAX_FDS;
-		ASSERT_EQ(0, tshm_queue_recv_fds(q, b, sizeof(b), &len, rs,
-						 &ns, got, &nf, 0));
-		for (i = 0; i < nf; i++)
-			close(got[i]);
-		for (i = 0; i < ns; i++)
-			tshm_seg_unref(rs[i]);
+		ASSERT_LE(0, take_and_drop(q, 0));
 		ret = tshm_queue_send_fds(q, "s", 1, &seg, 1, p, 2, 0);
+		ASSERT_TRUE(ret == 0 || ret == -EAGAIN);
 		if (ret == 0)
 			sent++;
 		else
 			fails++;
-		ASSERT_TRUE(ret == 0 || ret == -EAGAIN);
 	}
-	while (tshm_queue_len(q)) {
-		ns = TSHM_QUEUE_MAX_SEGS;
-		nf = TSHM_QUEUE_MAX_FDS;
-		ASSERT_EQ(0, tshm_queue_recv_fds(q, b, sizeof(b), &len, rs,
-						 &ns, got, &nf, 0));
-		for (i = 0; i < nf; i++)
-			close(got[i]);
-		for (i = 0; i < ns; i++)
-			tshm_seg_unref(rs[i]);
-	}
+	while (tshm_queue_len(q))
+		ASSERT_LE(0, take_and_drop(q, 0));
 	TH_LOG("%d sent, %d refused while the socket was full", sent, fails);
 	/* Nothing of the refused sends holds the segment or the socket. */
 	EXPECT_EQ(0, tshm_seg_wait_released(seg, 2000));
 	EXPECT_EQ(0, tshm_queue_send_fds(q, "s", 1, &seg, 1, p, 2, 2000));
-	ns = TSHM_QUEUE_MAX_SEGS;
-	nf = TSHM_QUEUE_MAX_FDS;
-	EXPECT_EQ(0, tshm_queue_recv_fds(q, b, sizeof(b), &len, rs, &ns, got,
-					 &nf, 2000));
-	EXPECT_EQ(2, nf);
-	for (i = 0; i < nf; i++)
-		close(got[i]);
-	for (i = 0; i < ns; i++)
-		tshm_seg_unref(rs[i]);
+	EXPECT_EQ(2, take_and_drop(q, 2000));
 	close(p[0]);
 	close(p[1]);
 	tshm_seg_unref(seg);
