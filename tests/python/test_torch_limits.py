@@ -6,8 +6,8 @@ shown side by side with torch's strategy in the test output:
   (a private tmpfs in a mount namespace): torch's default strategy dies
   with a Bus error, tshm delivers every batch;
 * a consumer with RLIMIT_NOFILE 256 keeping 5000 received tensors:
-  file_descriptor runs out of fds; tshm should keep them all on the module
-  but does not yet (an expected failure there, see the test);
+  file_descriptor runs out of fds; tshm keeps them all on the module (a
+  received segment is held by its mapping, no fd);
 * DataLoader workers and their consumer SIGKILLed mid-epoch, with the
   rest of the job (file_system's torch_shm_manager daemons) as an OOM
   kill of a container does: file_system leaves /dev/shm/torch_* files,
@@ -93,14 +93,6 @@ def test_keep_5000_tensors_with_256_fds(capsys):
     if tshm_run is None:
         pytest.skip("tshm's half needs the module (/dev/tshm); this run "
                     "is memfd, where every received segment holds an fd")
-    if tshm_run.returncode != 0 and "ancdata" in tshm_run.stdout:
-        # Seen in the VM: tshm.torch receives each segment as an fd
-        # (Segment._recv_fd through multiprocessing's resource sharer) and
-        # the Segment keeps it open on the module too.  The module's
-        # handles (an id and a grant, no fd) need the job's processes to
-        # share a context, which is not arranged yet.
-        pytest.xfail("on the module a received segment still holds its "
-                     "fd: " + tshm_run.stdout.strip())
     assert tshm_run.returncode == 0, tshm_run.stdout + tshm_run.stderr
     assert "tshm: kept 5000 tensors, 0 corrupt" in tshm_run.stdout
 
