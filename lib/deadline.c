@@ -2,8 +2,7 @@
 /*
  * deadline.c - the one notion of time of every timed wait: an absolute
  * CLOCK_MONOTONIC deadline taken once from the caller's timeout in
- * milliseconds, so that retries and restarts never stretch it.  Shared
- * with libtshm-cuda (cuda/cuda.mk builds it in too).
+ * milliseconds, so that retries and restarts never stretch it.
  */
 #include <errno.h>
 #include <limits.h>

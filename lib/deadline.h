@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
- * deadline.h - timed waits (deadline.c): self-contained, so that
- * libtshm-cuda builds the same file.  Nothing here is ABI.
+ * deadline.h - timed waits (deadline.c).  Nothing here is ABI.
  */
 #ifndef _TSHM_DEADLINE_H
 #define _TSHM_DEADLINE_H

@@ -2,8 +2,7 @@
 /*
  * futex.c - every sleep of the library: futex waits against a deadline,
  * poll() against a deadline, and a process-local lock with deadline- and
- * signal-aware waits.  Self-contained (futex.h): libtshm-cuda builds it in
- * too.
+ * signal-aware waits.
  */
 #include <errno.h>
 #include <limits.h>

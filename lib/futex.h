@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
- * futex.h - sleeps against a deadline (futex.c): self-contained, so that
- * libtshm-cuda builds the same file.  Nothing here is ABI.
+ * futex.h - sleeps against a deadline (futex.c).  Nothing here is ABI.
  */
 #ifndef _TSHM_FUTEX_H
 #define _TSHM_FUTEX_H

@@ -43,62 +43,20 @@ void q_poll_arm(struct tshm_queue *q)
 }
 
 /*
- * 0 locked, 1 locked after a dead holder, < 0: -EAGAIN / -ETIMEDOUT at @dl,
- * -EINTR, or the lock's error.  Never pthread_mutex_lock(): its wait
- * honours neither a deadline nor a signal, and the holder may be a stopped
- * process.
+ * The segment lock is the library's robust lock (rlock.c).  A holder that
+ * died inside send or recv leaves the ring consistent: its changes commit
+ * with one store to a slot's state word, and nothing it wrote past it is
+ * visible.
  */
 int q_lock(struct tshm_queue *q, const struct deadline *dl)
 {
-	struct qhdr *hdr = q->hdr;
-	uint32_t seen;
-	unsigned i;
-	int ret;
-
-	for (i = 0;; i++) {
-		seen = atomic_load(&hdr->lockseq);
-		ret = pthread_mutex_trylock(&hdr->lock);
-		if (likely(ret == 0))
-			return 0;
-		if (ret == EOWNERDEAD) {
-			/*
-			 * The holder died inside send or recv.  Its changes
-			 * commit with one store to head or tail, and nothing
-			 * it wrote past them is visible, so the ring is
-			 * consistent as it is.
-			 */
-			pthread_mutex_consistent(&hdr->lock);
-			return 1;
-		}
-		if (ret != EBUSY)
-			return -ret;
-		if (i < QUEUE_LOCK_SPINS) {
-			cpu_relax();
-			continue;
-		}
-		if (deadline_expired(dl))
-			return deadline_err(dl);
-		atomic_store(&hdr->lockwait, 1);
-		if (atomic_load(&hdr->lockseq) != seen)
-			continue;
-		ret = futex_wait_slice(&hdr->lockseq, seen, dl);
-		if (ret == -EINTR)
-			return ret;
-	}
+	return rlock_lock(&q->hdr->lock, dl);
 }
 
 /* 0 locked, 1 locked after a dead holder, -EBUSY: never waits. */
 int q_trylock(struct tshm_queue *q)
 {
-	int ret = pthread_mutex_trylock(&q->hdr->lock);
-
-	if (likely(ret == 0))
-		return 0;
-	if (ret == EOWNERDEAD) {
-		pthread_mutex_consistent(&q->hdr->lock);
-		return 1;
-	}
-	return -EBUSY;
+	return rlock_trylock(&q->hdr->lock);
 }
 
 /*
@@ -198,8 +156,7 @@ void q_wake(_Atomic uint32_t *word, _Atomic uint32_t *waiters,
 
 void q_unlock(struct tshm_queue *q, bool recovered)
 {
-	pthread_mutex_unlock(&q->hdr->lock);
-	q_wake(&q->hdr->lockseq, &q->hdr->lockwait, false);
+	rlock_unlock(&q->hdr->lock);
 	if (unlikely(recovered)) {
 		/* The dead holder may have owed someone a wake-up. */
 		q_wake(&q->hdr->pub, &q->hdr->rwait, true);

@@ -866,7 +866,6 @@ int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
 		      struct tshm_queue **out)
 {
 	int fd = -1, gfd = -1, sfd[2] = { -1, -1 }, efd = -1, ret;
-	pthread_mutexattr_t attr;
 	size_t slot_size, map_size;
 	struct qhdr *hdr;
 
@@ -896,11 +895,7 @@ int tshm_queue_create(struct tshm_ctx *ctx, unsigned capacity, size_t max_msg,
 	hdr->max_msg = max_msg;
 	hdr->map_size = map_size;
 	hdr->pidns = q_pidns();
-	pthread_mutexattr_init(&attr);
-	pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-	pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-	ret = -pthread_mutex_init(&hdr->lock, &attr);
-	pthread_mutexattr_destroy(&attr);
+	ret = rlock_init(&hdr->lock);
 	for (unsigned i = 0; i < capacity; i++) {
 		struct qslot *slot = (struct qslot *)((unsigned char *)hdr +
 						      hdr_size() +

@@ -25,7 +25,6 @@
 #define QUEUE_MAX_MSG		(16UL << 20)
 #define QUEUE_MAX_RING		(1UL << 30)
 #define QUEUE_SPIN_US		50
-#define QUEUE_LOCK_SPINS	64
 #define QUEUE_SNDBUF		(8 << 20)
 #define QUEUE_MAX_FDS		5	/* see q_fds() */
 #define CACHELINE		64
@@ -82,15 +81,7 @@ struct qhdr {
 	 * table, and is then only ever tried (a busy lock costs a GRANT or a
 	 * DROP, never a wait).
 	 */
-	pthread_mutex_t lock __attribute__((aligned(CACHELINE)));
-	/*
-	 * Waiting for the lock: @lockseq moves at every unlock; @lockwait is
-	 * set by a sleeper and cleared by the unlocker that wakes it.  The
-	 * sleeps are sliced, so a holder that dies (no unlock, no wake) is
-	 * noticed by the next trylock (EOWNERDEAD) within a slice.
-	 */
-	_Atomic uint32_t lockseq;
-	_Atomic uint32_t lockwait;
+	struct rlock lock __attribute__((aligned(CACHELINE)));
 	_Atomic uint32_t closed;
 	uint64_t tag;			/* the last socket tag used */
 

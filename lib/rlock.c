@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: LGPL-2.1-or-later
 /*
  * rlock.c - the robust lock of shared memory (rlock.h): trylock, then
- * sleeps in slices on a sequence word that every unlock moves.
- * Self-contained: libtshm-cuda builds it in too.
+ * sleeps in slices on a sequence word that every unlock moves.  A queue's
+ * segment lock is one (queue-wait.c).
  */
 #include <errno.h>
 
@@ -24,54 +24,49 @@ int rlock_init(struct rlock *l)
 	return -ret;
 }
 
-int robust_lock(pthread_mutex_t *m, _Atomic uint32_t *seq,
-		_Atomic uint32_t *wait, const struct deadline *dl)
+int rlock_lock(struct rlock *l, const struct deadline *dl)
 {
 	uint32_t seen;
 	unsigned i;
 	int ret;
 
 	for (i = 0;; i++) {
-		seen = atomic_load(seq);
-		ret = pthread_mutex_trylock(m);
-		if (__builtin_expect(ret == 0, 1))
-			return 0;
-		if (ret == EOWNERDEAD) {
-			pthread_mutex_consistent(m);
-			return 1;
-		}
-		if (ret != EBUSY)
-			return -ret;
+		seen = atomic_load(&l->seq);
+		ret = rlock_trylock(l);
+		if (__builtin_expect(ret != -EBUSY, 1))
+			return ret;	/* locked (0, 1) or the mutex's error */
 		if (i < RLOCK_SPINS) {
 			cpu_relax();
 			continue;
 		}
 		if (deadline_expired(dl))
 			return deadline_err(dl);
-		atomic_store(wait, 1);
-		if (atomic_load(seq) != seen)
+		atomic_store(&l->wait, 1);
+		if (atomic_load(&l->seq) != seen)
 			continue;
-		ret = futex_wait_slice(seq, seen, dl);
+		ret = futex_wait_slice(&l->seq, seen, dl);
 		if (ret == -EINTR)
 			return ret;
 	}
 }
 
-void robust_unlock(pthread_mutex_t *m, _Atomic uint32_t *seq,
-		   _Atomic uint32_t *wait)
+int rlock_trylock(struct rlock *l)
 {
-	pthread_mutex_unlock(m);
-	atomic_fetch_add(seq, 1);
-	if (atomic_load(wait) && atomic_exchange(wait, 0))
-		futex_wake_all(seq);
-}
+	int ret = pthread_mutex_trylock(&l->mutex);
 
-int rlock_lock(struct rlock *l, const struct deadline *dl)
-{
-	return robust_lock(&l->mutex, &l->seq, &l->wait, dl);
+	if (__builtin_expect(ret == 0, 1))
+		return 0;
+	if (ret == EOWNERDEAD) {
+		pthread_mutex_consistent(&l->mutex);
+		return 1;
+	}
+	return ret == EBUSY ? -EBUSY : -ret;
 }
 
 void rlock_unlock(struct rlock *l)
 {
-	robust_unlock(&l->mutex, &l->seq, &l->wait);
+	pthread_mutex_unlock(&l->mutex);
+	atomic_fetch_add(&l->seq, 1);
+	if (atomic_load(&l->wait) && atomic_exchange(&l->wait, 0))
+		futex_wake_all(&l->seq);
 }

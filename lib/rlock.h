@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * rlock.h - a robust, process-shared lock in shared memory whose waits
- * honour a deadline and tshm_thread_set_intr() (rlock.c): self-contained,
- * so that libtshm-cuda builds the same file.  Nothing here is ABI.
+ * honour a deadline and tshm_thread_set_intr() (rlock.c).  Nothing here is
+ * ABI.
  */
 #ifndef _TSHM_RLOCK_H
 #define _TSHM_RLOCK_H
@@ -41,10 +41,7 @@ int rlock_init(struct rlock *l);
 int rlock_lock(struct rlock *l, const struct deadline *dl);
 void rlock_unlock(struct rlock *l);
 
-/* The same on a mutex and words laid out apart (a queue's header). */
-int robust_lock(pthread_mutex_t *m, _Atomic uint32_t *seq,
-		_Atomic uint32_t *wait, const struct deadline *dl);
-void robust_unlock(pthread_mutex_t *m, _Atomic uint32_t *seq,
-		   _Atomic uint32_t *wait);
+/* 0 locked, 1 locked after a dead holder, -EBUSY: never waits. */
+int rlock_trylock(struct rlock *l);
 
 #endif /* _TSHM_RLOCK_H */

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: LGPL-2.1-or-later
 /*
  * scm.c - fds over AF_UNIX sockets (SCM_RIGHTS) and the checks on fds that
- * arrive, for the library, spawn and libtshm-cuda (cuda/cuda.mk builds this
- * file in too): the one place that builds and parses the control message.
+ * arrive, for the library and spawn: the one place that builds and parses
+ * the control message.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
- * scm.h - fds over AF_UNIX sockets and checks on received fds (scm.c):
- * self-contained, so that libtshm-cuda builds the same file.  Nothing here
- * is ABI.
+ * scm.h - fds over AF_UNIX sockets and checks on received fds (scm.c).
+ * Nothing here is ABI.
  */
 #ifndef _TSHM_SCM_H
 #define _TSHM_SCM_H
