@@ -76,9 +76,15 @@ out:
 	return ret;
 }
 
-void lease_received(struct tshm_seg *seg, int peer, uint64_t gen)
+/*
+ * A lease peer arrived with @seg; ownership of @peer passes in.  It is
+ * checked (a SEQPACKET socket) only when kept: a peer of the lease this
+ * process already holds, or one sent to the creator, is closed unread.
+ */
+static int lease_received(struct tshm_seg *seg, int peer, uint64_t gen)
 {
 	struct tshm_lease *old = NULL, *lease;
+	int ret;
 
 	pthread_mutex_lock(&seg->lease_lock);
 	/*
@@ -88,7 +94,13 @@ void lease_received(struct tshm_seg *seg, int peer, uint64_t gen)
 	if (seg->creator || (seg->lease && seg->lease->gen == gen)) {
 		pthread_mutex_unlock(&seg->lease_lock);
 		close(peer);
-		return;
+		return 0;
+	}
+	ret = fd_check_socket(peer, SOCK_SEQPACKET);
+	if (ret < 0) {
+		pthread_mutex_unlock(&seg->lease_lock);
+		close(peer);
+		return ret;
 	}
 	lease = lease_new(peer, gen);
 	if (lease) {
@@ -97,12 +109,61 @@ void lease_received(struct tshm_seg *seg, int peer, uint64_t gen)
 	} else if (!seg->lease) {
 		/* Keep the fd anyway: it is what marks us as a holder. */
 		pthread_mutex_unlock(&seg->lease_lock);
-		return;
+		return 0;
 	}
 	pthread_mutex_unlock(&seg->lease_lock);
 	if (!lease)
 		close(peer);
 	lease_put(old);
+	return 0;
+}
+
+/*
+ * A segment received as its memfd @fd and a lease peer @peer (both
+ * consumed).  The fd, not the message, says what the segment is.  A
+ * memfd this context already holds (its inode on our mount is in the
+ * cache) was checked when it first came, and seals are never removed:
+ * only its identity is read again.
+ */
+int memfd_seg_adopt(struct tshm_ctx *ctx, int fd, int peer, uint64_t gen,
+		    struct tshm_seg **out)
+{
+	struct tshm_seg *seg = NULL;
+	struct stat st;
+	uint64_t id;
+	size_t size;
+	bool hit;
+	int ret;
+
+	if (fstat(fd, &st) < 0) {
+		ret = -errno;
+		goto fail;
+	}
+	if (st.st_dev == ctx->memfd_dev)
+		seg = seg_cache_find(ctx, st.st_ino);
+	if (seg) {
+		close(fd);
+	} else {
+		ret = memfd_seg_check(ctx, fd, &id, &size);
+		if (ret < 0)
+			goto fail;
+		ret = seg_adopt(ctx, fd, id, size, &seg, &hit);
+		if (ret < 0) {
+			close(peer);
+			return ret;
+		}
+	}
+	ret = lease_received(seg, peer, gen);
+	if (ret < 0) {
+		tshm_seg_unref(seg);
+		return ret;
+	}
+	*out = seg;
+	return 0;
+fail:
+	close(fd);
+	close(peer);
+	return ret;
 }
 
 /* 1: every lease hung up (sole holder); 0: not yet; <0 error. */
@@ -184,27 +245,5 @@ int memfd_seg_send_fd(struct tshm_seg *seg, int sock, struct seg_wire *w)
 int memfd_seg_recv_fd(struct tshm_ctx *ctx, const struct seg_wire *w,
 		      int *fds, struct tshm_seg **out)
 {
-	struct tshm_seg *seg;
-	uint64_t id;
-	size_t size;
-	bool hit;
-	int ret;
-
-	/* Trust the fd, not the message, for what the segment is. */
-	ret = memfd_seg_check(ctx, fds[0], &id, &size);
-	if (ret == 0)
-		ret = fd_check_socket(fds[1], SOCK_SEQPACKET);
-	if (ret < 0) {
-		close(fds[0]);
-		close(fds[1]);
-		return ret;
-	}
-	ret = seg_adopt(ctx, fds[0], id, size, &seg, &hit);
-	if (ret < 0) {
-		close(fds[1]);
-		return ret;
-	}
-	lease_received(seg, fds[1], w->gen);
-	*out = seg;
-	return 0;
+	return memfd_seg_adopt(ctx, fds[0], fds[1], w->gen, out);
 }

@@ -98,25 +98,13 @@ static int adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
 		     const uint64_t *gen, struct tshm_seg **segs)
 {
 	unsigned i, j;
-	uint64_t id;
-	size_t size;
-	bool hit;
 	int ret = 0;
 
 	for (i = 0; i < nsegs; i++) {
-		ret = memfd_seg_check(q->ctx, fds[2 * i], &id, &size);
-		if (ret == 0)
-			ret = fd_check_socket(fds[2 * i + 1], SOCK_SEQPACKET);
-		if (ret == 0)
-			ret = seg_adopt(q->ctx, fds[2 * i], id, size, &segs[i],
-					&hit);
-		else
-			close(fds[2 * i]);
-		if (ret < 0) {
-			close(fds[2 * i + 1]);
+		ret = memfd_seg_adopt(q->ctx, fds[2 * i], fds[2 * i + 1],
+				      gen[i], &segs[i]);
+		if (ret < 0)
 			break;
-		}
-		lease_received(segs[i], fds[2 * i + 1], gen[i]);
 	}
 	if (ret == 0)
 		return 0;

@@ -33,8 +33,9 @@ struct tshm_lease {
 /* A reference on the lease to pass along with @seg (created on demand). */
 int lease_get(struct tshm_seg *seg, struct tshm_lease **out);
 void lease_put(struct tshm_lease *lease);
-/* A lease peer arrived with @seg; ownership of @peer passes in. */
-void lease_received(struct tshm_seg *seg, int peer, uint64_t gen);
+/* A segment received: its memfd and lease peer (both consumed). */
+int memfd_seg_adopt(struct tshm_ctx *ctx, int fd, int peer, uint64_t gen,
+		    struct tshm_seg **out);
 void memfd_seg_destroy(struct tshm_seg *seg);
 int memfd_seg_released_now(struct tshm_seg *seg);
 int memfd_seg_release_pollfds(struct tshm_seg *seg, struct pollfd *pfd,
