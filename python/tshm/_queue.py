@@ -33,6 +33,7 @@ import io
 import pickle
 import signal
 import struct
+import threading
 
 from . import _reduction
 from ._sync import _ms
@@ -41,7 +42,7 @@ from ._tshm import QUEUE_MAX_SEGS, Segment, _Queue, _locate
 _HEADER = struct.Struct("<4sHHI")
 _BUFFER = struct.Struct("<IQQ")
 _MAGIC = b"TSQ1"
-_F_SEGMENTS = 1  # the pickle names Segment objects (persistent ids)
+_F_SEGMENTS = 1  # the pickle names Segment objects (_segment_at)
 _ALIGN = 64      # copied buffers start on a cache line
 
 #: Buffers smaller than this travel in band (a copy through the ring is
@@ -120,22 +121,49 @@ class _Split:
         return False
 
 
+_decoding = threading.local()   # .segments: those of the message loading
+
+
+def _segment_at(index):
+    """A segment reference in a message's pickle: the index-th segment
+    that came with the message being decoded in this thread (set by
+    _decode()); anywhere else an error."""
+    segments = getattr(_decoding, "segments", None)
+    if segments is None:
+        raise pickle.UnpicklingError(
+            "a tshm.Queue segment reference outside a tshm.Queue message")
+    if type(index) is not int or not 0 <= index < len(segments):
+        raise pickle.UnpicklingError(f"bad segment reference {index!r}")
+    return segments[index]
+
+
 class _Hooks:
     """The pickler hooks: segments by reference, big bytes-like objects
-    as out-of-band buffers."""
+    as out-of-band buffers.
 
-    def persistent_id(self, obj):
-        if type(obj) is not Segment:
-            return None
-        i = self.split.segment_index(obj, QUEUE_MAX_SEGS)
+    A segment is reduced here to ``_segment_at(index)``, which resolves
+    against the segments that came with the message being decoded.
+    (A persistent_id() would do the same, but the pickler calls it for
+    every object of the message, ints and tuples included; reducer_override
+    is called only for objects no atomic save handles.)"""
+
+    def segment_ref(self, seg, limit):
+        """The reduce value naming seg among the message's first limit
+        segments, or None if it would be segment limit + 1."""
+        i = self.split.segment_index(seg, limit)
         if i is None:
-            raise ValueError(
-                f"a message can name at most {QUEUE_MAX_SEGS} segments")
+            return None
         self.split.named = True
-        return i
+        return _segment_at, (i,)
 
     def reducer_override(self, obj):
         t = type(obj)
+        if t is Segment:
+            ref = self.segment_ref(obj, QUEUE_MAX_SEGS)
+            if ref is None:
+                raise ValueError(
+                    f"a message can name at most {QUEUE_MAX_SEGS} segments")
+            return ref
         if t is memoryview:
             if not obj.c_contiguous:
                 return NotImplemented
@@ -173,17 +201,6 @@ class _SlowEncoder(_Hooks, pickle._Pickler):
         pickle._Pickler.__init__(self, file, protocol=5,
                                  buffer_callback=split.buffer)
         self.split = split
-
-
-class _Decoder(pickle.Unpickler):
-    def __init__(self, data, buffers, segments):
-        super().__init__(io.BytesIO(data), buffers=buffers)
-        self.segments = segments
-
-    def persistent_load(self, pid):
-        if type(pid) is not int or not 0 <= pid < len(self.segments):
-            raise pickle.UnpicklingError(f"bad segment reference {pid!r}")
-        return self.segments[pid]
 
 
 class Queue:
@@ -299,9 +316,14 @@ class Queue:
                 raise OSError(errno.EBADMSG, f"tshm.Queue: buffer {i} lies "
                               "outside the segments that came with it")
             buffers.append(memoryview(segments[idx])[off:off + n])
-        if flags & _F_SEGMENTS:
-            return _Decoder(mv[pos:], buffers, segments).load()
-        return pickle.loads(mv[pos:], buffers=buffers)
+        if not flags & _F_SEGMENTS:
+            return pickle.loads(mv[pos:], buffers=buffers)
+        outer = getattr(_decoding, "segments", None)
+        _decoding.segments = segments
+        try:
+            return pickle.loads(mv[pos:], buffers=buffers)
+        finally:
+            _decoding.segments = outer
 
     # -- queue.Queue's API ---------------------------------------------------
 

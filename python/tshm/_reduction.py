@@ -10,7 +10,6 @@ and closes it.  A pickle of such an object is therefore good for one load,
 like a pickled multiprocessing.Connection.
 """
 
-import contextlib
 import copyreg
 import socket
 import threading
@@ -44,22 +43,27 @@ def send_over_socket(send):
 _pickling = threading.local()
 
 
-@contextlib.contextmanager
-def withdrawn_unless_kept():
+class withdrawn_unless_kept:
     """Collect the handles made by send_over_socket() for a pickle that
     may never be loaded: a tshm.Queue message whose pickling fails, is
-    done again, or is not queued.  Yields a list of them; unless the
-    caller empties it, each is taken back from the resource sharer and
-    its socket closed (nobody would ever fetch it: one fd and the
-    object in flight, kept for the life of the process)."""
-    outer = getattr(_pickling, "handles", None)
-    made = _pickling.handles = []
-    try:
-        yield made
-    finally:
-        _pickling.handles = outer
-        for handle in made:
+    done again, or is not queued.  As a context manager, yields a list of
+    them; unless the caller empties it, each is taken back from the
+    resource sharer and its socket closed (nobody would ever fetch it:
+    one fd and the object in flight, kept for the life of the process).
+    A class, not a generator: every put() enters two."""
+
+    __slots__ = ("outer", "made")
+
+    def __enter__(self):
+        self.outer = getattr(_pickling, "handles", None)
+        self.made = _pickling.handles = []
+        return self.made
+
+    def __exit__(self, *exc):
+        _pickling.handles = self.outer
+        for handle in self.made:
             withdraw(handle)
+        return False
 
 
 def withdraw(handle):

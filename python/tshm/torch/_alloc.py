@@ -38,11 +38,17 @@ _current = None                        # the arena new slices come from
 _arenas = weakref.WeakValueDictionary()  # segment id -> _Arena
 
 
-def untyped(t):
-    """The untyped storage of tensor t (torch 2.x and 1.13)."""
-    if hasattr(t, "untyped_storage"):
-        return t.untyped_storage()
-    return t.storage().untyped()
+#: The untyped storage of a tensor: untyped_storage() on torch 2.x,
+#: _storage() on 1.13 (whose storage() builds a TypedStorage in Python
+#: first, ten times slower).
+untyped = getattr(torch.Tensor, "untyped_storage", None) or \
+    torch.Tensor._storage
+
+
+def view_over(seg, offset, nbytes):
+    """A memoryview of seg[offset:offset+nbytes]: it keeps the segment
+    mapped as long as it (or what is built over it) lives."""
+    return memoryview(seg)[offset:offset + nbytes]
 
 
 def storage_over(seg, offset, nbytes):
@@ -51,7 +57,7 @@ def storage_over(seg, offset, nbytes):
     frees it.  Returns (storage, view)."""
     if nbytes == 0:
         return torch.UntypedStorage(0), None
-    view = memoryview(seg)[offset:offset + nbytes]
+    view = view_over(seg, offset, nbytes)
     storage = untyped(torch.frombuffer(view, dtype=torch.uint8))
     return storage, view
 

@@ -46,7 +46,7 @@ import errno
 import multiprocessing.reduction as _mpred
 
 from .. import _queue
-from .._tshm import QUEUE_MAX_SEGS, WAIT_FUTEX, Segment
+from .._tshm import QUEUE_MAX_SEGS, Segment
 
 #: Messages a queue made with maxsize=0 holds.
 DEFAULT_CAPACITY = 1024
@@ -55,39 +55,37 @@ DEFAULT_CAPACITY = 1024
 MAX_MSG = 64 * 1024
 
 
-def _dispatch_table():
-    table = _mpred.ForkingPickler._copyreg_dispatch_table.copy()
-    table.update(_mpred.ForkingPickler._extra_reducers)
-    return table
-
-
 class _Reducers:
     """multiprocessing's reducers, and no failure for a message naming
     more segments than the queue carries: the first QUEUE_MAX_SEGS - 1
     (a slot stays free for copied buffers) go by reference, the rest the
     way ForkingPickler sends a segment (an fd through multiprocessing's
-    resource sharer, tshm/_reduction.py)."""
+    resource sharer, tshm/_reduction.py).
 
-    def persistent_id(self, obj):
-        if type(obj) is not Segment:
-            return None
-        i = self.split.segment_index(obj, QUEUE_MAX_SEGS - 1)
-        if i is None:
-            return None
-        self.split.named = True
-        return i
+    ForkingPickler copies copyreg's table and its own reducers into a
+    new dispatch table for every pickler; looking its reducers up here,
+    in reducer_override (which the pickler calls for every object no
+    atomic save handles), costs nothing per message."""
+
+    def reducer_override(self, obj):
+        t = type(obj)
+        if t is Segment:
+            ref = self.segment_ref(obj, QUEUE_MAX_SEGS - 1)
+            if ref is not None:
+                return ref
+            return NotImplemented     # copyreg's table: an fd
+        reduce = _mpred.ForkingPickler._extra_reducers.get(t)
+        if reduce is not None:
+            return reduce(obj)
+        return super().reducer_override(obj)
 
 
 class _Encoder(_Reducers, _queue._Encoder):
-    def __init__(self, file, split):
-        super().__init__(file, split)
-        self.dispatch_table = _dispatch_table()
+    pass
 
 
 class _SlowEncoder(_Reducers, _queue._SlowEncoder):
-    def __init__(self, file, split):
-        super().__init__(file, split)
-        self.dispatch_table = _dispatch_table()
+    pass
 
 
 class _Spilled:
@@ -102,19 +100,15 @@ def _unspill(data):
 
 
 class ForkingQueue(_queue.Queue):
-    """A tshm.Queue that pickles with multiprocessing's reducers and
-    sleeps at once when it waits (see _setup)."""
+    """A tshm.Queue that pickles with multiprocessing's reducers.
+
+    It waits as libtshm does by default: spins about 50 us, then sleeps.
+    A tensor's message is pickled in a few microseconds, so a receiver
+    that spins mostly catches the next message without a sleep; a futex
+    wake-up costs the sender tens of microseconds where the machine's
+    CPUs are virtual (bench/torch-bench.py)."""
 
     _encoders = (_Encoder, _SlowEncoder)
-
-    def _setup(self, raw, oob_threshold, ctx=None):
-        # Pickling a message costs tens of microseconds of Python: a
-        # receiver spinning for the next one (libtshm's default, 50 us)
-        # mostly burns the CPU its sender needs, and where both share a
-        # core every hop costs the whole spin.  A futex wake-up costs a
-        # few microseconds (bench/torch-bench.py).
-        raw.set_wait(WAIT_FUTEX)
-        super()._setup(raw, oob_threshold, ctx)
 
     def put(self, obj, block=True, timeout=None):
         try:

@@ -40,7 +40,7 @@ def locate(storage):
 
 
 def _shareable(tensor):
-    return (tensor.device.type == "cpu" and tensor.layout == torch.strided
+    return (tensor.is_cpu and tensor.layout == torch.strided
             and not tensor.is_quantized)
 
 
@@ -53,7 +53,11 @@ def move_to_segment(tensor):
         return tensor
     new = _alloc.new_shared(n)
     new.copy_(old)
-    with torch.no_grad():
+    if tensor.requires_grad:
+        with torch.no_grad():
+            tensor.set_(new, tensor.storage_offset(), tensor.size(),
+                        tensor.stride())
+    else:
         tensor.set_(new, tensor.storage_offset(), tensor.size(),
                     tensor.stride())
     return tensor
@@ -86,16 +90,22 @@ def rebuild_storage(seg, off, n):
 
 
 def rebuild_tensor(cls, seg, off, n, dtype, meta):
+    """The receiving half of reduce_tensor(); cls None is torch.Tensor."""
     offset, size, stride, requires_grad = meta
-    t = torch.empty((0,), dtype=dtype)
-    with torch.no_grad():
-        t.set_(_import(seg, off, n), offset, size, stride)
+    if n:
+        # A tensor of dtype over the storage's bytes, then given its own
+        # geometry: one tensor made, not an empty one and a byte view.
+        t = torch.frombuffer(_alloc.view_over(seg, off, n), dtype=dtype)
+    else:
+        t = torch.empty((0,), dtype=dtype)
+    t.set_(_alloc.untyped(t), offset, size, stride)
+    if cls is None:
+        t.requires_grad = requires_grad
+        return t
     if cls is torch.nn.parameter.Parameter:
         return torch.nn.parameter.Parameter(t, requires_grad=requires_grad)
     t.requires_grad = requires_grad
-    if cls is not torch.Tensor:
-        t = t.as_subclass(cls)
-    return t
+    return t.as_subclass(cls)
 
 
 def reduce_tensor(tensor):
@@ -105,11 +115,23 @@ def reduce_tensor(tensor):
         raise RuntimeError(
             "Cowardly refusing to serialize non-leaf tensor which "
             "requires_grad: call detach() on it before sending it")
-    move_to_segment(tensor)
-    seg, off, n = _export(_alloc.untyped(tensor))
+    storage = _alloc.untyped(tensor)
+    n = storage.nbytes()
+    found = locate(storage) if n else None
+    if n and found is None:
+        move_to_segment(tensor)
+        storage = _alloc.untyped(tensor)
+        found = locate(storage)
+    if found is None:
+        seg, off = None, 0
+    else:
+        seg, off = found
+        _alloc.mark_exported(seg)
+    cls = type(tensor)
     meta = (tensor.storage_offset(), tuple(tensor.size()),
             tuple(tensor.stride()), tensor.requires_grad)
-    return rebuild_tensor, (type(tensor), seg, off, n, tensor.dtype, meta)
+    return rebuild_tensor, (None if cls is torch.Tensor else cls,
+                            seg, off, n, tensor.dtype, meta)
 
 
 def reduce_storage(storage):
