@@ -118,6 +118,34 @@ def test_views_noncontiguous_empty_parameter():
         _roundtrip(p * 2)
 
 
+def test_dtype_view_of_odd_sized_storage():
+    """A storage that is not a whole number of the tensor's elements (a
+    dtype view of an odd-sized byte storage) arrives: it was put without
+    error, and a get() that failed would have dropped the message."""
+    odd = [torch.arange(7, dtype=torch.uint8)[:6].view(torch.int16),
+           torch.arange(3, dtype=torch.float16)[:2].view(torch.float32)]
+    q = tshm.torch.get_context("fork").SimpleQueue()
+    for x in odd:
+        assert untyped(x).nbytes() % x.element_size() != 0
+        for got in (_roundtrip(x), (q.put(x), q.get())[1]):
+            assert got.dtype == x.dtype and torch.equal(got, x)
+            assert untyped(got).data_ptr() == untyped(x).data_ptr()
+
+
+def test_sending_keeps_autograd_saved_tensor_usable():
+    """Moving a tensor into a segment swaps its storage as share_memory_()
+    does: it is not an in-place op, so a tensor autograd saved for
+    backward still works afterwards."""
+    w = torch.randn(5, requires_grad=True)
+    x = torch.randn(5)
+    y = (w * x).sum()
+    v = x._version
+    got = _roundtrip(x)
+    assert segment_of(x) is not None and x._version == v
+    y.backward()
+    assert torch.equal(w.grad, x) and torch.equal(got, x)
+
+
 def test_storage_by_reference_and_copy():
     s = torch.UntypedStorage._new_shared(1 << 20)
     assert s.is_shared() and segment_of(torch.empty(0).set_(s)) is not None

@@ -53,13 +53,13 @@ def move_to_segment(tensor):
         return tensor
     new = _alloc.new_shared(n)
     new.copy_(old)
-    if tensor.requires_grad:
-        with torch.no_grad():
-            tensor.set_(new, tensor.storage_offset(), tensor.size(),
-                        tensor.stride())
-    else:
-        tensor.set_(new, tensor.storage_offset(), tensor.size(),
-                    tensor.stride())
+    moved = torch.empty((0,), dtype=tensor.dtype)
+    moved.set_(new, tensor.storage_offset(), tensor.size(), tensor.stride())
+    # Not tensor.set_(): an in-place op bumps the version counter, and a
+    # tensor that autograd saved for backward would then fail backward()
+    # ("modified by an inplace operation") though its values are the
+    # same.  Assigning .data swaps the storage as share_memory_() does.
+    tensor.data = moved
     return tensor
 
 
@@ -85,6 +85,17 @@ def _import(seg, off, n):
     return _alloc.storage_over(seg, off, n)[0]
 
 
+_element_sizes = {}
+
+
+def _element_size(dtype):
+    size = _element_sizes.get(dtype)
+    if size is None:
+        size = _element_sizes[dtype] = \
+            torch.empty((0,), dtype=dtype).element_size()
+    return size
+
+
 def rebuild_storage(seg, off, n):
     return _import(seg, off, n)
 
@@ -92,13 +103,17 @@ def rebuild_storage(seg, off, n):
 def rebuild_tensor(cls, seg, off, n, dtype, meta):
     """The receiving half of reduce_tensor(); cls None is torch.Tensor."""
     offset, size, stride, requires_grad = meta
-    if n:
+    if n and n % _element_size(dtype) == 0:
         # A tensor of dtype over the storage's bytes, then given its own
         # geometry: one tensor made, not an empty one and a byte view.
         t = torch.frombuffer(_alloc.view_over(seg, off, n), dtype=dtype)
+        t.set_(_alloc.untyped(t), offset, size, stride)
     else:
+        # No bytes, or a storage that is not a whole number of elements
+        # (a dtype view of an odd-sized byte storage): frombuffer() in
+        # dtype would refuse it.
         t = torch.empty((0,), dtype=dtype)
-    t.set_(_alloc.untyped(t), offset, size, stride)
+        t.set_(_import(seg, off, n), offset, size, stride)
     if cls is None:
         t.requires_grad = requires_grad
         return t
