@@ -130,8 +130,6 @@ int memfd_seg_adopt(struct tshm_ctx *ctx, int fd, int peer, uint64_t gen,
 {
 	struct tshm_seg *seg = NULL;
 	struct stat st;
-	uint64_t id;
-	size_t size;
 	bool hit;
 	int ret;
 
@@ -144,10 +142,10 @@ int memfd_seg_adopt(struct tshm_ctx *ctx, int fd, int peer, uint64_t gen,
 	if (seg) {
 		close(fd);
 	} else {
-		ret = memfd_seg_check(ctx, fd, &id, &size);
+		ret = memfd_seg_check(ctx, fd, &st);
 		if (ret < 0)
 			goto fail;
-		ret = seg_adopt(ctx, fd, id, size, &seg, &hit);
+		ret = seg_adopt(ctx, fd, st.st_ino, st.st_size, &seg, &hit);
 		if (ret < 0) {
 			close(peer);
 			return ret;

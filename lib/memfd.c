@@ -57,12 +57,11 @@ static int memfd_seg_id(int fd, uint64_t *id, size_t *size)
 	return 0;
 }
 
-int memfd_check_sealed(int fd, struct stat *st)
+/* @st: the fd's fstat(), read by the caller. */
+static int memfd_check_seals(int fd, const struct stat *st)
 {
 	int seals;
 
-	if (fstat(fd, st) < 0)
-		return -errno;
 	if (!S_ISREG(st->st_mode))
 		return -EBADMSG;
 	seals = fcntl(fd, F_GET_SEALS);
@@ -73,23 +72,28 @@ int memfd_check_sealed(int fd, struct stat *st)
 	return 0;
 }
 
+int memfd_check_sealed(int fd, struct stat *st)
+{
+	if (fstat(fd, st) < 0)
+		return -errno;
+	return memfd_check_seals(fd, st);
+}
+
 /*
  * A received segment fd must be what memfd_seg_create() makes: a memfd on
  * the same internal shmem mount as the context's own (so the inode number
  * names it: the cache key), sealed against shrinking (a sender that could
- * shrink it would make the receiver take SIGBUS) and growing.
+ * shrink it would make the receiver take SIGBUS) and growing.  @st: its
+ * fstat(), read by the caller.
  */
-int memfd_seg_check(struct tshm_ctx *ctx, int fd, uint64_t *id, size_t *size)
+int memfd_seg_check(struct tshm_ctx *ctx, int fd, const struct stat *st)
 {
-	struct stat st;
-	int ret = memfd_check_sealed(fd, &st);
+	int ret = memfd_check_seals(fd, st);
 
 	if (ret < 0)
 		return ret;
-	if (st.st_dev != ctx->memfd_dev || st.st_size <= 0)
+	if (st->st_dev != ctx->memfd_dev || st->st_size <= 0)
 		return -EBADMSG;
-	*id = st.st_ino;
-	*size = st.st_size;
 	return 0;
 }
 

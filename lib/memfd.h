@@ -16,11 +16,10 @@ int memfd_is_ctx_fd(int fd);
 int memfd_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
 		     unsigned flags, int *fd, uint64_t *id, size_t *mapsize);
 /*
- * A received segment fd checked (0 or -EBADMSG, or fstat's errno): a
+ * A received segment fd checked (0 or -EBADMSG), @st its fstat(): a
  * memfd like ours, sealed against shrinking and growing.
  */
-int memfd_seg_check(struct tshm_ctx *ctx, int fd, uint64_t *id,
-		    size_t *size);
+int memfd_seg_check(struct tshm_ctx *ctx, int fd, const struct stat *st);
 void memfd_seg_name(int fd, char *name, size_t len);
 
 /* ---- memfd-lease.c ---- */
