@@ -8,7 +8,8 @@ Rows:
 * queue latency: a tensor through a Queue to a worker, which answers with
   a small int on a second queue; the time of that round trip per tensor
   (4 KiB, 1 MiB, 64 MiB), the same tensor re-sent or a fresh one each
-  time.  The queues are those each strategy's user makes: torch's
+  time; each cell the median of ROUNDS runs taken in turn with the
+  other columns'.  The queues are those each strategy's user makes: torch's
   (multiprocessing's, a pipe) for file_descriptor and file_system,
   tshm.torch.get_context("fork").Queue() for tshm;
 * DataLoader throughput (batches/s, 2 workers, fork; tshm with
@@ -42,6 +43,8 @@ from torch.utils.data import DataLoader, Dataset
 import tshm.torch
 
 STRATEGIES = ["file_descriptor", "file_system", "tshm"]
+#: Rounds of the queue rows (see main()).
+ROUNDS = 3
 
 
 def use(strategy):
@@ -150,8 +153,15 @@ def main():
                                 (64 << 20, "64 MiB", 10)):
         for resend in (True, False):
             label = f"queue {name} {'re-sent' if resend else 'fresh'}"
-            vals = [queue_latency(s, nbytes, resend, max(3, int(iters * k)))
-                    for s in STRATEGIES]
+            # Strategies in turn, ROUNDS times, the median of each
+            # one's per-round medians: a moment of noise on a shared
+            # machine then weighs on no column alone.
+            runs = {s: [] for s in STRATEGIES}
+            for _ in range(ROUNDS):
+                for s in STRATEGIES:
+                    runs[s].append(queue_latency(
+                        s, nbytes, resend, max(3, int(iters * k))))
+            vals = [statistics.median(runs[s]) for s in STRATEGIES]
             rows.append((label, vals, "time"))
     for ds, label in ((Big(), "DataLoader (a) 16 MiB item"),
                       (Small(), "DataLoader (b) 64 small tensors")):
