@@ -142,21 +142,20 @@ int seg_adopt(struct tshm_ctx *ctx, int fd, uint64_t id, size_t size,
 	struct tshm_seg *seg;
 	int ret;
 
-	seg = seg_cache_find(ctx, id);
-	if (seg)
-		goto cached;
 	/*
 	 * The name, read before the segment is shared so that
 	 * tshm_seg_name() is a plain read (and so that the fd, which a
-	 * mapping may outlive, is needed only now); not under the lock (a
-	 * readlink of /proc), so another thread may adopt it meanwhile.
+	 * mapping may outlive, is needed only now).
 	 */
 	ctx->ops->seg_name(fd, name, sizeof(name));
 	pthread_mutex_lock(&ctx->lock);
 	seg = seg_cache_lookup_locked(ctx, id);
 	if (seg) {
 		pthread_mutex_unlock(&ctx->lock);
-		goto cached;
+		close(fd);
+		*hit = true;
+		*out = seg;
+		return 0;
 	}
 	ret = seg_new(ctx, fd, id, size, &seg);
 	if (ret == 0) {
@@ -171,11 +170,6 @@ int seg_adopt(struct tshm_ctx *ctx, int fd, uint64_t id, size_t size,
 		return ret;
 	}
 	*hit = false;
-	*out = seg;
-	return 0;
-cached:
-	close(fd);
-	*hit = true;
 	*out = seg;
 	return 0;
 }

@@ -114,13 +114,10 @@ def rebuild_tensor(cls, seg, off, n, dtype, meta):
         # dtype would refuse it.
         t = torch.empty((0,), dtype=dtype)
         t.set_(_import(seg, off, n), offset, size, stride)
-    if cls is None:
-        t.requires_grad = requires_grad
-        return t
     if cls is torch.nn.parameter.Parameter:
         return torch.nn.parameter.Parameter(t, requires_grad=requires_grad)
     t.requires_grad = requires_grad
-    return t.as_subclass(cls)
+    return t if cls is None else t.as_subclass(cls)
 
 
 def reduce_tensor(tensor):
@@ -130,18 +127,8 @@ def reduce_tensor(tensor):
         raise RuntimeError(
             "Cowardly refusing to serialize non-leaf tensor which "
             "requires_grad: call detach() on it before sending it")
-    storage = _alloc.untyped(tensor)
-    n = storage.nbytes()
-    found = locate(storage) if n else None
-    if n and found is None:
-        move_to_segment(tensor)
-        storage = _alloc.untyped(tensor)
-        found = locate(storage)
-    if found is None:
-        seg, off = None, 0
-    else:
-        seg, off = found
-        _alloc.mark_exported(seg)
+    move_to_segment(tensor)
+    seg, off, n = _export(_alloc.untyped(tensor))
     cls = type(tensor)
     meta = (tensor.storage_offset(), tuple(tensor.size()),
             tuple(tensor.stride()), tensor.requires_grad)
