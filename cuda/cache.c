@@ -153,12 +153,34 @@ err_h:
 	return ret;
 }
 
+/*
+ * The allocation size in a legacy description is the sender's word: where
+ * the driver tells the opened range, a description that claims more is
+ * refused (a call that fails proves nothing and is let pass).
+ */
 static int open_legacy(struct tshm_cuda *cu, const struct tcu_wire *w,
 		       struct tcu_import *imp)
 {
+	CUdeviceptr base = 0;
+	size_t size = 0, room;
+	int ret;
+
 	memcpy(imp->ipc.reserved, w->ipc, CU_IPC_HANDLE_SIZE);
-	return CU_CALL(cuIpcOpenMemHandle(&imp->base, imp->ipc,
-					  CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+	ret = CU_CALL(cuIpcOpenMemHandle(&imp->base, imp->ipc,
+					 CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+	if (ret)
+		return ret;
+	if (tcu.cuMemGetAddressRange(&base, &size, imp->base) != CUDA_SUCCESS)
+		return 0;
+	room = imp->base < base || imp->base - base > size ? 0 :
+		size - (size_t)(imp->base - base);
+	if (imp->size > room) {
+		tcu_err("IPC mapping of %zu bytes, the description says %zu",
+			room, imp->size);
+		tcu.cuIpcCloseMemHandle(imp->base);
+		return -EBADMSG;
+	}
+	return 0;
 }
 
 static bool same(const struct tcu_import *imp, const struct tcu_wire *w)
@@ -182,9 +204,12 @@ int tcu_import_get(struct tshm_cuda *cu, const struct tcu_wire *w, int fd,
 	for (imp = cu->cache; imp; imp = imp->next)
 		if (same(imp, w))
 			break;
-	if (imp && imp->kind == TSHM_CUDA_VMM && imp->size != w->alloc_size) {
-		tcu_err("allocation %#llx changed size",
-			(unsigned long long)w->alloc_id);
+	if (imp && imp->size != w->alloc_size) {
+		/* the same allocation (or IPC handle) always has one size */
+		tcu_err("%s of %zu bytes described as %llu",
+			imp->kind == TSHM_CUDA_VMM ? "VMM allocation" :
+			"IPC mapping", imp->size,
+			(unsigned long long)w->alloc_size);
 		ret = -EBADMSG;
 		goto out;
 	}

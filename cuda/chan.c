@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: LGPL-2.1-or-later
 /*
- * Channels: a tshm queue whose messages carry the buffer's description,
- * its lease and anchor segments, and for VMM allocations the exported fd
- * (tshm_queue_send_fds()).  While the fd sits in the queue's socket the
- * kernel holds it, so the memory survives the producer freeing its copy,
- * or exiting, before a consumer receives.  The queue keeps the fd with its
- * message (libtshm's ordering and its SIGKILL argument,
- * Documentation/lib/queue.rst); the channel adds no lock and no socket.
+ * Channels: a tshm queue whose messages carry the buffer's description
+ * (pack.c) with the payload after it, its lease and anchor segments, and
+ * for VMM allocations the exported fd (tshm_queue_send_fds()).  While the
+ * fd sits in the queue's socket the kernel holds it, so the memory
+ * survives the producer freeing its copy, or exiting, before a consumer
+ * receives.  The queue keeps the fd with its message (libtshm's ordering
+ * and its SIGKILL argument, Documentation/lib/queue.rst); the channel adds
+ * no lock and no socket.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -63,38 +64,14 @@ void tshm_cuda_chan_destroy(struct tshm_cuda_chan *ch)
 	free(ch);
 }
 
-/* Fill @w (room for the payload after it) for @b. */
-static void wire_fill(struct tcu_wire *w, const struct tshm_cuda_buf *b,
-		      const void *msg, size_t len)
-{
-	memset(w, 0, sizeof(*w));
-	w->magic = TCU_WIRE_MAGIC;
-	w->kind = (uint8_t)b->kind;
-	w->id = b->id;
-	w->off = b->off;
-	w->size = b->size;
-	if (b->kind == TSHM_CUDA_VMM) {
-		w->alloc_id = b->alloc->id;
-		w->alloc_size = b->alloc->size;
-		w->nsegs = 2;		/* lease, anchor */
-	} else {
-		w->alloc_size = b->alloc_size;
-		memcpy(w->ipc, b->ipc.reserved, CU_IPC_HANDLE_SIZE);
-		w->nsegs = 1;		/* lease */
-	}
-	memcpy(w->uuid, b->cu->uuid.bytes, 16);
-	w->len = (uint32_t)len;
-	if (len)
-		memcpy(w + 1, msg, len);
-}
-
 int tshm_cuda_send(struct tshm_cuda_chan *ch, struct tshm_cuda_buf *b,
 		   const void *msg, size_t len, int timeout_ms)
 {
+	struct tshm_seg *segs[TSHM_CUDA_PACK_SEGS];
 	union tcu_wire_buf stack;
-	struct tshm_seg *segs[2];
 	struct tcu_wire *w;
-	int ret;
+	unsigned nsegs;
+	int ret, fd;
 
 	if (!ch || !b || (len && !msg))
 		return -EINVAL;
@@ -103,27 +80,22 @@ int tshm_cuda_send(struct tshm_cuda_chan *ch, struct tshm_cuda_buf *b,
 			ch->max_msg);
 		return -EMSGSIZE;
 	}
-	if (!b->producer) {
-		tcu_err("a received GPU buffer cannot be sent on; send the "
-			"producer's buffer");
-		return -EOPNOTSUPP;
-	}
 	w = tcu_wire_buf(&stack, sizeof(*w) + len);
 	if (!w)
 		return -ENOMEM;
-	wire_fill(w, b, msg, len);
-	segs[0] = b->lease;
-	if (b->kind == TSHM_CUDA_LEGACY) {
-		ret = tshm_queue_send(ch->q, w, sizeof(*w) + len, segs, 1,
-				      timeout_ms);
-	} else {
-		segs[1] = b->alloc->anchor;
-		ret = tshm_queue_send_fds(ch->q, w, sizeof(*w) + len, segs, 2,
-					  &b->alloc->fd, 1, timeout_ms);
-	}
+	/* the description (pack.c), then the payload */
+	ret = tcu_desc_fill(b, w, segs, &nsegs, &fd);
+	if (ret)
+		goto out;
+	w->len = (uint32_t)len;
+	if (len)
+		memcpy(w + 1, msg, len);
+	ret = tshm_queue_send_fds(ch->q, w, sizeof(*w) + len, segs, nsegs,
+				  &fd, fd >= 0 ? 1 : 0, timeout_ms);
 	if (ret && ret != -ETIMEDOUT && ret != -EAGAIN && ret != -EPIPE &&
 	    ret != -EINTR)
 		tcu_err("sending the buffer: %s", strerror(-ret));
+out:
 	tcu_wire_buf_free(&stack, w);
 	return ret;
 }

@@ -190,11 +190,16 @@ struct tshm_cuda_buf *tcu_buf_ref(struct tshm_cuda_buf *b);
 /* pool.c: a pool buffer came back (its lease is unref'd): drop its hold. */
 void tcu_pool_put(struct tshm_cuda_pool *pool);
 
-/* ---- channels (chan.c, recv.c) ---- */
+/* ---- descriptions (pack.c) and channels (chan.c, recv.c) ---- */
 
 #define TCU_WIRE_MAGIC	0x74637732U
 
-/* A message's head in the queue; the user's payload follows. */
+/*
+ * A buffer's description, as tshm_cuda_buf_pack() writes it (len 0) and
+ * as a channel message starts (the user's payload of @len bytes follows).
+ * Travels with its lease (and, VMM, the anchor) as segments and, VMM, the
+ * allocation's fd.
+ */
 struct tcu_wire {
 	uint32_t magic;
 	uint8_t kind;
@@ -233,6 +238,30 @@ static inline void tcu_wire_buf_free(union tcu_wire_buf *stack,
 	if (w != &stack->w)
 		free(w);
 }
+
+/*
+ * Describe producer buffer @b in @w (len 0): @segs (room for
+ * TSHM_CUDA_PACK_SEGS) and *@nsegs its segments, *@fd its fd or -1, all
+ * borrowed from @b.  -EOPNOTSUPP (with the message): a received buffer.
+ */
+int tcu_desc_fill(struct tshm_cuda_buf *b, struct tcu_wire *w,
+		  struct tshm_seg **segs, unsigned *nsegs, int *fd);
+/*
+ * 0 when @w (its len aside) is a description this library wrote and the
+ * @nsegs segments and @fd (-1: none) are the ones that go with it; else
+ * -EBADMSG with "not a tshm-cuda @what: why" as the message.  Reads the
+ * anchor segment, changes nothing.
+ */
+int tcu_desc_check(const struct tcu_wire *w, const char *what,
+		   struct tshm_seg *const *segs, unsigned nsegs, int fd);
+/*
+ * The receiver buffer checked @w denotes on @cu's device (-EXDEV: another
+ * device): imported or found in the cache, with its own reference on the
+ * lease @segs[0].  The caller keeps its segments and @fd.
+ */
+int tcu_desc_import(struct tshm_cuda *cu, const struct tcu_wire *w,
+		    struct tshm_seg *const *segs, int fd,
+		    struct tshm_cuda_buf **out);
 
 struct tshm_cuda_chan {
 	struct tshm_queue *q;

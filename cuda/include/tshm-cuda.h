@@ -166,6 +166,53 @@ int tshm_cuda_recv(struct tshm_cuda_chan *ch, struct tshm_cuda *cu,
 		   struct tshm_cuda_buf **out, void *msg, size_t cap,
 		   size_t *len, int timeout_ms);
 
+/* ---- carrying buffers in messages of your own ---- */
+
+/*
+ * A buffer travels on any tshm queue as three things in one message: its
+ * description (bytes anywhere in the message), its segments (the lease,
+ * and for a VMM buffer the allocation's anchor) and for a VMM buffer the
+ * allocation's fd; tshm_queue_send_fds() sends them together and
+ * tshm_queue_recv_fds() hands them to the receiver, whose they are to
+ * unref and close once unpacked.  Release is as for channels: the
+ * producer's tshm_cuda_buf_wait_released() returns once no message with
+ * the lease is in flight and no receiver holds it, as a received segment
+ * or in an unpacked buffer not yet unref'd (a receiver that died holds
+ * nothing).
+ */
+
+/* Bytes a packed description takes at most (today's are shorter). */
+#define TSHM_CUDA_DESC_SIZE	256
+/* Room tshm_cuda_buf_pack() needs in @segs. */
+#define TSHM_CUDA_PACK_SEGS	2
+
+/*
+ * Describe producer buffer @buf for a message of the caller's own protocol:
+ * writes the description to @desc (@cap bytes, >= TSHM_CUDA_DESC_SIZE) and
+ * returns its length; sets @segs[0..*@nsegs) (in: room, >=
+ * TSHM_CUDA_PACK_SEGS) to the segments and *@fd to the fd (-1: none) that
+ * must travel in the same message (tshm_queue_send_fds()).  All borrowed
+ * from @buf: valid while the caller holds its reference (the caller may
+ * unref right after sending).  -EOPNOTSUPP: a received buffer (as
+ * tshm_cuda_send).  -ENOSPC: @cap or *@nsegs too small.  Nothing is
+ * written on failure.
+ */
+int tshm_cuda_buf_pack(struct tshm_cuda_buf *buf, void *desc, size_t cap,
+		       struct tshm_seg **segs, unsigned *nsegs, int *fd);
+/*
+ * The receiving half: the buffer that @desc (@len bytes, any alignment),
+ * its segments and fd denote, imported (or found in the receiver cache) on
+ * @cu's device, as tshm_cuda_recv() returns it; the caller unrefs it.
+ * Takes its own segment references and never closes @fd: the caller still
+ * owns what it passed (and may drop it at once).  The same description may
+ * be unpacked again, a buffer each time.  -EBADMSG: not a description this
+ * library packed, or segments/fd that do not go with it (message set with
+ * tshm_cuda_last_error()); -EXDEV: a buffer of another device.
+ */
+int tshm_cuda_buf_unpack(struct tshm_cuda *cu, const void *desc, size_t len,
+			 struct tshm_seg *const *segs, unsigned nsegs, int fd,
+			 struct tshm_cuda_buf **out);
+
 /* ---- receiver cache ---- */
 
 struct tshm_cuda_stats {
