@@ -12,9 +12,24 @@ py_cfg        = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_conf
 PY_INCLUDE   := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
 PY_EXT_SUFFIX := $(call py_cfg,EXT_SUFFIX)
 PY_VERSION   := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
-PY_SRCS      := $(sort $(wildcard python/src/*.c))
+include cuda/cuda-vars.mk
+
+# python/src/cuda.c (libtshm-cuda's objects) is built in when the CUDA
+# toolkit's headers are there (cuda/cuda-vars.mk); the driver is loaded at
+# run time, so the extension still imports on a machine without one.
+PY_SRCS      := $(filter-out python/src/cuda.c,$(sort $(wildcard python/src/*.c)))
 PY_HDRS      := $(wildcard python/src/*.h) lib/include/tshm.h \
 		lib/include/tshm-spawn.h
+PY_CUDA_CFLAGS :=
+PY_CUDA_A    :=
+PY_CUDA_ASAN_SRCS :=
+ifneq ($(CUDA_ENABLED),)
+PY_SRCS      += python/src/cuda.c
+PY_HDRS      += $(CUDA_HDRS)
+PY_CUDA_CFLAGS := -DPYTSHM_CUDA $(CUDA_INC)
+PY_CUDA_A    := $(CUDA_A)
+PY_CUDA_ASAN_SRCS := $(CUDA_SRCS)
+endif
 PY_FILES     := $(wildcard python/tshm/*.py python/tshm/*.pyi python/tshm/torch/*.py) \
 		python/tshm/py.typed
 PY_EXT       := $(PY_B)/tshm/_tshm$(PY_EXT_SUFFIX)
@@ -43,15 +58,16 @@ endif
 python: $(PY_EXT) $(PY_COPIES)
 install: install-python
 
-$(PY_EXT): $(PY_SRCS) $(PY_HDRS) $(LIB_A)
+$(PY_EXT): $(PY_SRCS) $(PY_HDRS) $(PY_CUDA_A) $(LIB_A)
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(PY_CFLAGS) $(PY_LDFLAGS) -o $@ $(PY_SRCS) $(LIB_A) \
-		$(LIB_LDLIBS)
+	$(Q)$(CC) $(PY_CFLAGS) $(PY_CUDA_CFLAGS) $(PY_LDFLAGS) -o $@ \
+		$(PY_SRCS) $(PY_CUDA_A) $(LIB_A) $(LIB_LDLIBS) -ldl
 
-$(PY_ASAN_EXT): $(PY_SRCS) $(PY_HDRS) $(LIB_ASAN_A)
+$(PY_ASAN_EXT): $(PY_SRCS) $(PY_HDRS) $(PY_CUDA_ASAN_SRCS) $(LIB_ASAN_A)
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(PY_CFLAGS) $(SAN_FLAGS) $(PY_LDFLAGS) -o $@ $(PY_SRCS) \
-		$(LIB_ASAN_A) $(LIB_LDLIBS)
+	$(Q)$(CC) $(PY_CFLAGS) $(PY_CUDA_CFLAGS) $(SAN_FLAGS) $(PY_LDFLAGS) \
+		-o $@ $(PY_SRCS) $(PY_CUDA_ASAN_SRCS) $(LIB_ASAN_A) \
+		$(LIB_LDLIBS) -ldl
 
 # (Two rules: a pattern rule with two targets would make both at once.)
 $(PY_B)/tshm/%: python/tshm/%

@@ -106,6 +106,11 @@ static PyMethodDef module_methods[] = {
 	  "_event_op(segment, op, timeout_ms) -> int (private: tshm.Event)" },
 	{ "_barrier_op", pytshm_barrier_op, METH_VARARGS,
 	  "_barrier_op(segment, parties_or_timeout, init) -> int (private: tshm.Barrier)" },
+	{ "_dlpack", (PyCFunction)(void (*)(void))pytshm_dlpack,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "_dlpack(owner, ptr, device_type, device_id, shape, strides, code,\n"
+	  "        bits) -> a DLPack capsule (\"dltensor\") over ptr that keeps\n"
+	  "owner alive until the consumer's tensor lets go." },
 	{ NULL, NULL, 0, NULL }
 };
 
@@ -177,6 +182,7 @@ PyMODINIT_FUNC PyInit__tshm(void)
 	    add_type(m, &TshmPool_Type, "Pool") < 0 ||
 	    add_type(m, &TshmProcs_Type, "_Procs") < 0 ||
 	    PyModule_AddIntConstant(m, "QUEUE_MAX_SEGS", TSHM_QUEUE_MAX_SEGS) ||
+	    PyModule_AddIntConstant(m, "QUEUE_MAX_FDS", TSHM_QUEUE_MAX_FDS) ||
 	    PyModule_AddIntConstant(m, "SEG_NAME_MAX", TSHM_SEG_NAME_MAX) ||
 	    PyModule_AddIntConstant(m, "WAIT_ADAPTIVE", TSHM_WAIT_ADAPTIVE) ||
 	    PyModule_AddIntConstant(m, "WAIT_FUTEX", TSHM_WAIT_FUTEX) ||
@@ -187,5 +193,11 @@ PyMODINIT_FUNC PyInit__tshm(void)
 		Py_DECREF(m);
 		return NULL;
 	}
+#ifdef PYTSHM_CUDA
+	if (pytshm_cuda_init(m) < 0) {
+		Py_DECREF(m);
+		return NULL;
+	}
+#endif
 	return m;
 }

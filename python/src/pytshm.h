@@ -88,6 +88,14 @@ PyObject *pytshm_locate_address(PyObject *module, PyObject *args);
 PyObject *pytshm_event_op(PyObject *module, PyObject *args);
 PyObject *pytshm_barrier_op(PyObject *module, PyObject *args);
 
+/* _dlpack(): memory handed to a framework as a DLPack capsule (dlpack.c). */
+PyObject *pytshm_dlpack(PyObject *module, PyObject *args, PyObject *kwds);
+
+#ifdef PYTSHM_CUDA
+/* Adds _CudaDevice, _CudaBuffer and _CudaPool (cuda.c). */
+int pytshm_cuda_init(PyObject *m);
+#endif
+
 PyMODINIT_FUNC PyInit__tshm(void);
 
 #endif /* PYTSHM_H */

@@ -10,6 +10,7 @@
 #include "pytshm.h"
 
 #include <errno.h>
+#include <unistd.h>
 
 typedef struct {
 	PyObject_HEAD
@@ -62,10 +63,17 @@ static PyObject *queue_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 	return (PyObject *)self;
 }
 
+static void msg_fds_close(PyObject *fds);
+
 static void queue_dealloc(TshmQueue *self)
 {
+	PyObject *key, *msg;
+	Py_ssize_t pos = 0;
+
 	if (self->q)
 		tshm_queue_unref(self->q);
+	while (self->in_hand && PyDict_Next(self->in_hand, &pos, &key, &msg))
+		msg_fds_close(PyTuple_GET_ITEM(msg, 2));
 	Py_XDECREF(self->in_hand);
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -98,26 +106,66 @@ struct send_call {
 	size_t len;
 	struct tshm_seg *segs[TSHM_QUEUE_MAX_SEGS];
 	unsigned nsegs;
+	int fds[TSHM_QUEUE_MAX_FDS];
+	unsigned nfds;
 };
 
 static int send_call(void *arg, int timeout_ms)
 {
 	struct send_call *c = arg;
 
+	if (c->nfds)
+		return tshm_queue_send_fds(c->q, c->buf, c->len, c->segs,
+					   c->nsegs, c->fds, c->nfds,
+					   timeout_ms);
 	return tshm_queue_send(c->q, c->buf, c->len, c->segs, c->nsegs,
 			       timeout_ms);
+}
+
+/* The fds= argument of send(): up to TSHM_QUEUE_MAX_FDS of the caller's. */
+static int fds_arg(PyObject *arg, struct send_call *c)
+{
+	PyObject *fast;
+	Py_ssize_t n, i;
+
+	if (!arg || arg == Py_None)
+		return 0;
+	fast = PySequence_Fast(arg, "fds must be a sequence of ints");
+	if (!fast)
+		return -1;
+	n = PySequence_Fast_GET_SIZE(fast);
+	if (n > TSHM_QUEUE_MAX_FDS) {
+		PyErr_Format(PyExc_ValueError,
+			     "a message carries at most %d fds, not %zd",
+			     TSHM_QUEUE_MAX_FDS, n);
+		Py_DECREF(fast);
+		return -1;
+	}
+	for (i = 0; i < n; i++) {
+		c->fds[i] = PyObject_AsFileDescriptor(
+				PySequence_Fast_GET_ITEM(fast, i));
+		if (c->fds[i] < 0) {
+			Py_DECREF(fast);
+			return -1;
+		}
+	}
+	c->nfds = n;
+	Py_DECREF(fast);
+	return 0;
 }
 
 static PyObject *queue_send(TshmQueue *self, PyObject *args)
 {
 	struct send_call c = { .q = self->q };
-	PyObject *segs, *fast, *ret = NULL;
+	PyObject *segs, *fast, *fds = NULL, *ret = NULL;
 	Py_buffer data;
 	Py_ssize_t n, i;
 	int ms, r;
 
-	if (!PyArg_ParseTuple(args, "y*Oi:send", &data, &segs, &ms))
+	if (!PyArg_ParseTuple(args, "y*Oi|O:send", &data, &segs, &ms, &fds))
 		return NULL;
+	if (fds_arg(fds, &c) < 0)
+		goto out_data;
 	fast = PySequence_Fast(segs, "segments must be a sequence");
 	if (!fast)
 		goto out_data;
@@ -166,6 +214,8 @@ struct recv_call {
 	size_t cap, len;
 	struct tshm_seg *segs[TSHM_QUEUE_MAX_SEGS];
 	unsigned nsegs;
+	int fds[TSHM_QUEUE_MAX_FDS];
+	unsigned nfds;
 };
 
 static int recv_call(void *arg, int timeout_ms)
@@ -173,14 +223,28 @@ static int recv_call(void *arg, int timeout_ms)
 	struct recv_call *c = arg;
 
 	c->nsegs = TSHM_QUEUE_MAX_SEGS;
-	return tshm_queue_recv(c->q, c->buf, c->cap, &c->len, c->segs,
-			       &c->nsegs, timeout_ms);
+	c->nfds = TSHM_QUEUE_MAX_FDS;
+	return tshm_queue_recv_fds(c->q, c->buf, c->cap, &c->len, c->segs,
+				   &c->nsegs, c->fds, &c->nfds, timeout_ms);
+}
+
+/* Close the fds (a tuple of ints) that came with a message. */
+static void msg_fds_close(PyObject *fds)
+{
+	Py_ssize_t i;
+
+	for (i = 0; i < PyTuple_GET_SIZE(fds); i++) {
+		PyObject *fd = PyTuple_GET_ITEM(fds, i);
+
+		if (fd)
+			close((int)PyLong_AsLong(fd));
+	}
 }
 
 static PyObject *queue_recv(TshmQueue *self, PyObject *args)
 {
 	struct recv_call c = { .q = self->q };
-	PyObject *bytes, *segs = NULL, *key, *msg;
+	PyObject *bytes, *segs = NULL, *fds = NULL, *key, *msg;
 	unsigned i;
 	int ms, r;
 
@@ -224,13 +288,28 @@ static PyObject *queue_recv(TshmQueue *self, PyObject *args)
 			goto fail;
 		PyTuple_SET_ITEM(segs, i, s);
 	}
+	fds = PyTuple_New(c.nfds);
+	if (!fds)
+		goto fail;
+	for (i = 0; i < c.nfds; i++) {
+		PyObject *fd = PyLong_FromLong(c.fds[i]);
+
+		if (!fd)
+			goto fail;
+		c.fds[i] = -1;
+		PyTuple_SET_ITEM(fds, i, fd);
+	}
 	if (_PyBytes_Resize(&bytes, c.len) < 0)
 		goto fail;
-	msg = PyTuple_Pack(2, bytes, segs);
-	Py_DECREF(bytes);
-	Py_DECREF(segs);
+	msg = PyTuple_Pack(3, bytes, segs, fds);
 	if (msg && PyDict_SetItem(self->in_hand, key, msg) < 0)
 		Py_CLEAR(msg);	/* not kept: no memory, the message is gone */
+	if (!msg) {
+		msg_fds_close(fds);
+	}
+	Py_DECREF(bytes);
+	Py_DECREF(segs);
+	Py_DECREF(fds);
 	Py_DECREF(key);
 	return msg;
 fail:
@@ -238,6 +317,12 @@ fail:
 	for (i = 0; i < c.nsegs; i++)
 		if (c.segs[i])
 			tshm_seg_unref(c.segs[i]);
+	for (i = 0; i < c.nfds; i++)
+		if (c.fds[i] >= 0)
+			close(c.fds[i]);
+	if (fds)
+		msg_fds_close(fds);
+	Py_XDECREF(fds);
 	Py_XDECREF(segs);
 	Py_XDECREF(bytes);
 	return NULL;
@@ -245,21 +330,28 @@ fail:
 
 static PyObject *queue_done(TshmQueue *self, PyObject *unused)
 {
-	PyObject *key;
-	int ret;
+	PyObject *key, *msg;
 
 	if (!self->in_hand)
 		Py_RETURN_NONE;
 	key = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
 	if (!key)
 		return NULL;
-	ret = PyDict_DelItem(self->in_hand, key);
-	Py_DECREF(key);
-	if (ret < 0) {
-		if (!PyErr_ExceptionMatches(PyExc_KeyError))
+	msg = PyDict_GetItemWithError(self->in_hand, key);
+	if (msg) {
+		/* Its fds go with it: a decoder that keeps one dup()s it. */
+		Py_INCREF(msg);
+		if (PyDict_DelItem(self->in_hand, key) < 0) {
+			Py_DECREF(msg);
+			Py_DECREF(key);
 			return NULL;
-		PyErr_Clear();
+		}
+		msg_fds_close(PyTuple_GET_ITEM(msg, 2));
+		Py_DECREF(msg);
 	}
+	Py_DECREF(key);
+	if (PyErr_Occurred())
+		return NULL;
 	Py_RETURN_NONE;
 }
 
@@ -359,12 +451,17 @@ static PyGetSetDef queue_getset[] = {
 
 static PyMethodDef queue_methods[] = {
 	{ "send", (PyCFunction)queue_send, METH_VARARGS,
-	  "send(data, segments, timeout_ms)" },
+	  "send(data, segments, timeout_ms, fds=())\n\n"
+	  "fds: up to QUEUE_MAX_FDS of the caller's fds (it keeps them);\n"
+	  "the receiver gets its own." },
 	{ "recv", (PyCFunction)queue_recv, METH_VARARGS,
-	  "recv(timeout_ms) -> (bytes, tuple of Segment)\n\n"
-	  "The calling thread's unacknowledged message again if it has one." },
+	  "recv(timeout_ms) -> (bytes, tuple of Segment, tuple of fds)\n\n"
+	  "The calling thread's unacknowledged message again if it has one.\n"
+	  "Its fds are the message's: done() closes them (dup() one to keep\n"
+	  "it)." },
 	{ "done", (PyCFunction)queue_done, METH_NOARGS,
-	  "Acknowledge the calling thread's last message (see recv)." },
+	  "Acknowledge the calling thread's last message (see recv) and\n"
+	  "close the fds that came with it." },
 	{ "close", (PyCFunction)queue_close, METH_NOARGS,
 	  "Close for every process: sends fail, receivers drain then fail." },
 	{ "set_wait", (PyCFunction)queue_set_wait, METH_VARARGS,

@@ -37,7 +37,10 @@ import threading
 
 from . import _reduction
 from ._sync import _ms
-from ._tshm import QUEUE_MAX_SEGS, Segment, _Queue, _locate
+from . import _tshm
+from ._tshm import QUEUE_MAX_FDS, QUEUE_MAX_SEGS, Segment, _Queue, _locate
+
+_CudaBuffer = getattr(_tshm, "_CudaBuffer", None)  # built with CUDA's headers
 
 _HEADER = struct.Struct("<4sHHI")
 _BUFFER = struct.Struct("<IQQ")
@@ -93,6 +96,8 @@ class _Split:
         self.buffers = []    # (index, offset, length), or None: a copy
         self.copies = []     # (position in buffers, memoryview)
         self.named = False   # the stream names segments
+        self.fds = []        # fds the message carries (borrowed)
+        self.keep = []       # what owns them, until the message is sent
 
     def segment_index(self, seg, limit):
         i = self.index.get(id(seg))
@@ -121,7 +126,7 @@ class _Split:
         return False
 
 
-_decoding = threading.local()   # .segments: those of the message loading
+_decoding = threading.local()   # .segments, .fds: the message's loading
 
 
 def _segment_at(index):
@@ -135,6 +140,20 @@ def _segment_at(index):
     if type(index) is not int or not 0 <= index < len(segments):
         raise pickle.UnpicklingError(f"bad segment reference {index!r}")
     return segments[index]
+
+
+def _cuda_buffer_at(desc, seg_index, fd_index):
+    """A GPU buffer in a message's pickle (_Hooks.cuda_ref): imported
+    from its description, the message's segments and its fd."""
+    segments = [_segment_at(i) for i in seg_index]
+    fd = -1
+    if fd_index >= 0:
+        fds = getattr(_decoding, "fds", ())
+        if type(fd_index) is not int or fd_index >= len(fds):
+            raise pickle.UnpicklingError(f"bad fd reference {fd_index!r}")
+        fd = fds[fd_index]
+    from . import cuda
+    return cuda._unpack(desc, segments, fd)
 
 
 class _Hooks:
@@ -180,7 +199,34 @@ class _Hooks:
         if (t is bytes or t is bytearray) and \
                 len(obj) >= self.split.threshold:
             return t, (pickle.PickleBuffer(obj),)
+        if t is _CudaBuffer:
+            return self.cuda_ref(obj)
         return NotImplemented
+
+    def cuda_ref(self, buf):
+        """A GPU buffer (libtshm-cuda) travels as its description, its
+        lease and anchor segments and, for VMM memory, the allocation's
+        fd, all in this message: the receiver imports it from them."""
+        desc, segs, fd = buf._pack()
+        split = self.split
+        index = []
+        for seg in segs:
+            i = split.segment_index(seg, QUEUE_MAX_SEGS - 1)
+            if i is None:
+                raise ValueError(f"a message can name at most "
+                                 f"{QUEUE_MAX_SEGS} segments")
+            index.append(i)
+        split.named = True
+        fd_index = -1
+        if fd >= 0:
+            if len(split.fds) >= QUEUE_MAX_FDS:
+                raise ValueError(f"a message can carry at most "
+                                 f"{QUEUE_MAX_FDS} GPU allocations")
+            fd_index = len(split.fds)
+            split.fds.append(fd)
+            # The buffer owns the fd: it must outlive the send.
+            split.keep.append(buf)
+        return _cuda_buffer_at, (desc, tuple(index), fd_index)
 
 
 class _Encoder(_Hooks, pickle.Pickler):
@@ -240,8 +286,9 @@ class Queue:
     # -- pickling into a message ------------------------------------------
 
     def _encode(self, obj, handles):
-        """The message for obj; the fd handles its pickle made (nested
-        Queues) are appended to handles."""
+        """The message for obj: (bytes, segments, split); split.fds are
+        the fds it carries, owned by split.keep.  The fd handles its
+        pickle made (nested Queues) are appended to handles."""
         room = self._max_msg
         fast, slow = self._encoders
         for cls, threshold in ((fast, self._threshold), (slow, 1)):
@@ -278,7 +325,7 @@ class Queue:
             _BUFFER.pack_into(out, pos, *b)
             pos += _BUFFER.size
         out += f.getbuffer()
-        return out, segments
+        return out, segments, enc
 
     @staticmethod
     def _copy(enc, ctx):
@@ -299,7 +346,7 @@ class Queue:
     # -- unpickling a message ----------------------------------------------
 
     @staticmethod
-    def _decode(data, segments):
+    def _decode(data, segments, fds=()):
         mv = memoryview(data)
         if len(mv) < _HEADER.size:
             raise OSError(errno.EBADMSG, "tshm.Queue: short message")
@@ -318,12 +365,13 @@ class Queue:
             buffers.append(memoryview(segments[idx])[off:off + n])
         if not flags & _F_SEGMENTS:
             return pickle.loads(mv[pos:], buffers=buffers)
-        outer = getattr(_decoding, "segments", None)
-        _decoding.segments = segments
+        outer = getattr(_decoding, "segments", None), \
+            getattr(_decoding, "fds", ())
+        _decoding.segments, _decoding.fds = segments, fds
         try:
             return pickle.loads(mv[pos:], buffers=buffers)
         finally:
-            _decoding.segments = outer
+            _decoding.segments, _decoding.fds = outer
 
     # -- queue.Queue's API ---------------------------------------------------
 
@@ -332,8 +380,8 @@ class Queue:
         (forever if None; not at all if block is false): queue.Full."""
         ms = _timeout_ms(block, timeout)
         with _reduction.withdrawn_unless_kept() as handles:
-            data, segments = self._encode(obj, handles)
-            self._raw.send(data, segments, ms)
+            data, segments, enc = self._encode(obj, handles)
+            self._raw.send(data, segments, ms, enc.fds)
             handles.clear()  # queued: the receiver fetches them
 
     def get(self, block=True, timeout=None):
@@ -344,9 +392,9 @@ class Queue:
         # anywhere before that, even as recv() returns, leaves it to the
         # next get() of this thread.  A message that fails to decode with
         # an Exception is dropped: given again it would fail again.
-        data, segments = self._raw.recv(_timeout_ms(block, timeout))
+        data, segments, fds = self._raw.recv(_timeout_ms(block, timeout))
         try:
-            obj = self._decode(data, segments)
+            obj = self._decode(data, segments, fds)
         except Exception as e:
             if not _raised_by_signal_handler(e):
                 self._raw.done()

@@ -22,7 +22,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/src/kmod"
-cp -r "$top/python" "$top/lib" "$tmp/src/"
+cp -r "$top/python" "$top/lib" "$top/cuda" "$tmp/src/"
 cp -r "$top/kmod/include" "$tmp/src/kmod/"
 rm -rf "$tmp/src/python/build" "$tmp/src/python/"*.egg-info
 
