@@ -41,6 +41,7 @@ typedef struct {
 	struct tshm_cuda_pool *pool;	/* NULL once closed */
 	TshmCudaDevice *device;
 	pid_t pid;
+	unsigned busy;			/* threads in get() with the GIL off */
 } TshmCudaPool;
 
 static PyTypeObject TshmCudaBuffer_Type;
@@ -544,6 +545,7 @@ static PyObject *pool_new_for(TshmCudaDevice *dev, PyObject *args,
 	self->device = dev;
 	Py_INCREF(dev);
 	self->pid = getpid();
+	self->busy = 0;
 	return (PyObject *)self;
 }
 
@@ -593,7 +595,12 @@ static PyObject *pool_get(TshmCudaPool *self, PyObject *args,
 	}
 	if (check_pid(self->pid) < 0)
 		return NULL;
+	/* close() refuses while busy, and the reference keeps dealloc off. */
+	Py_INCREF(self);
+	self->busy++;
 	ret = pytshm_block(get_call, &c, ms, true);
+	self->busy--;
+	Py_DECREF(self);
 	if (ret == PYTSHM_RAISED)
 		return NULL;
 	if (ret == -ETIMEDOUT || ret == -EAGAIN) {
@@ -612,6 +619,11 @@ static PyObject *pool_get(TshmCudaPool *self, PyObject *args,
 
 static PyObject *pool_close(TshmCudaPool *self, PyObject *unused)
 {
+	if (self->busy) {
+		PyErr_SetString(PyExc_RuntimeError, "close() of a GPU pool "
+				"another thread waits on");
+		return NULL;
+	}
 	pool_release(self);
 	Py_RETURN_NONE;
 }

@@ -55,10 +55,18 @@ struct dl_holder {
 static void dl_deleter(DLManagedTensor *mt)
 {
 	struct dl_holder *h = (struct dl_holder *)mt;
-	PyGILState_STATE g = PyGILState_Ensure();
+	PyGILState_STATE g;
 
-	Py_DECREF(h->owner);
-	PyGILState_Release(g);
+	/*
+	 * A framework may free its tensor after the interpreter is gone (a
+	 * C++ static destructor): the owner is then left to the process's
+	 * exit, which frees everything anyway.
+	 */
+	if (Py_IsInitialized()) {
+		g = PyGILState_Ensure();
+		Py_DECREF(h->owner);
+		PyGILState_Release(g);
+	}
 	PyMem_RawFree(h);
 }
 

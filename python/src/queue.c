@@ -10,6 +10,7 @@
 #include "pytshm.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 typedef struct {
@@ -122,6 +123,12 @@ static int send_call(void *arg, int timeout_ms)
 			       timeout_ms);
 }
 
+static void fds_close(const int *fds, Py_ssize_t n)
+{
+	while (n-- > 0)
+		close(fds[n]);
+}
+
 /* The fds= argument of send(): up to TSHM_QUEUE_MAX_FDS of the caller's. */
 static int fds_arg(PyObject *arg, struct send_call *c)
 {
@@ -141,15 +148,27 @@ static int fds_arg(PyObject *arg, struct send_call *c)
 		Py_DECREF(fast);
 		return -1;
 	}
+	/*
+	 * Our own copies, made with the GIL held: the objects owning the fds
+	 * may close them in another thread while the send waits.
+	 */
 	for (i = 0; i < n; i++) {
-		c->fds[i] = PyObject_AsFileDescriptor(
+		int fd = PyObject_AsFileDescriptor(
 				PySequence_Fast_GET_ITEM(fast, i));
-		if (c->fds[i] < 0) {
+
+		if (fd >= 0) {
+			c->fds[i] = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+			if (c->fds[i] < 0)
+				pytshm_raise(-errno, NULL);
+		}
+		if (fd < 0 || c->fds[i] < 0) {
+			fds_close(c->fds, i);
+			c->nfds = 0;
 			Py_DECREF(fast);
 			return -1;
 		}
+		c->nfds = i + 1;
 	}
-	c->nfds = n;
 	Py_DECREF(fast);
 	return 0;
 }
@@ -204,6 +223,7 @@ static PyObject *queue_send(TshmQueue *self, PyObject *args)
 out_fast:
 	Py_DECREF(fast);
 out_data:
+	fds_close(c.fds, c.nfds);
 	PyBuffer_Release(&data);
 	return ret;
 }

@@ -219,13 +219,16 @@ class _Hooks:
         split.named = True
         fd_index = -1
         if fd >= 0:
-            if len(split.fds) >= QUEUE_MAX_FDS:
-                raise ValueError(f"a message can carry at most "
+            # Buffers of one allocation (a pool's) share its fd: once.
+            if fd in split.fds:
+                fd_index = split.fds.index(fd)
+            elif len(split.fds) >= QUEUE_MAX_FDS:
+                raise ValueError(f"a message can carry buffers of at most "
                                  f"{QUEUE_MAX_FDS} GPU allocations")
-            fd_index = len(split.fds)
-            split.fds.append(fd)
-            # The buffer owns the fd: it must outlive the send.
-            split.keep.append(buf)
+            else:
+                fd_index = len(split.fds)
+                split.fds.append(fd)
+            split.keep.append(buf)  # the fd is the buffer's until sent
         return _cuda_buffer_at, (desc, tuple(index), fd_index)
 
 

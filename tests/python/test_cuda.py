@@ -206,6 +206,22 @@ def test_pool_buffer_comes_back_after_the_receiver():
             pass
         else:
             raise AssertionError("a third buffer from a pool of two")
+        import threading
+        def wait_in_get():
+            try:
+                pool.get(timeout=3)
+            except tshm.Timeout:
+                pass
+        waiter = threading.Thread(target=wait_in_get)
+        waiter.start()
+        time.sleep(0.5)
+        try:                             # not under a waiting get()
+            pool.close()
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("closed a pool another thread waits on")
+        waiter.join()
         fill(a, 1)
         held, release = tshm.Queue(4), tshm.Queue(4)
         pid = os.fork()
@@ -225,6 +241,33 @@ def test_pool_buffer_comes_back_after_the_receiver():
         assert os.waitpid(pid, 0)[1] == 0
         assert c.size == 4096
         b.close(); c.close(); pool.close()
+        """)
+
+
+@needs_fake
+def test_receiving_leaves_no_fd_and_pool_buffers_share_one():
+    run_fake("""
+        dev = tc.device(0)
+        pool = dev.pool(8, 4096)
+        q = tshm.Queue(4)
+        bufs = [pool.get(timeout=5) for _ in range(6)]  # one allocation
+        for i, b in enumerate(bufs):
+            fill(b, i)
+        fds = lambda: len(os.listdir("/proc/self/fd"))
+        q.put(bufs)               # 6 buffers, one fd in the message
+        q.put(bufs)
+        pid = os.fork()
+        if pid == 0:
+            def receive():
+                got = q.get(timeout=30)
+                for i, r in enumerate(got):
+                    check(r, i)
+                    r.close()
+            receive()             # opens CUDA, imports the allocation
+            before = fds()
+            receive()             # the cache: no fd more, none left open
+            os._exit(0 if fds() == before else 3)
+        assert os.waitpid(pid, 0)[1] == 0
         """)
 
 
@@ -261,6 +304,8 @@ def test_misuse_gets_clear_errors():
             dev.alloc(dev.granularity + 1)
         except OSError as e:
             assert e.errno == errno.EINVAL and "granularity" in str(e), e
+        else:
+            raise AssertionError("allocated off the granularity")
         r.close(); r.close()             # idempotent
         try:
             r.ptr
