@@ -664,25 +664,9 @@ static PyTypeObject TshmCudaPool_Type = {
 
 int pytshm_cuda_init(PyObject *m)
 {
-	static const struct {
-		PyTypeObject *type;
-		const char *name;
-	} types[] = {
-		{ &TshmCudaDevice_Type, "_CudaDevice" },
-		{ &TshmCudaBuffer_Type, "_CudaBuffer" },
-		{ &TshmCudaPool_Type, "_CudaPool" },
-	};
-	size_t i;
-
-	for (i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
-		if (PyType_Ready(types[i].type) < 0)
-			return -1;
-		Py_INCREF(types[i].type);
-		if (PyModule_AddObject(m, types[i].name,
-				       (PyObject *)types[i].type) < 0) {
-			Py_DECREF(types[i].type);
-			return -1;
-		}
-	}
+	if (pytshm_add_type(m, &TshmCudaDevice_Type, "_CudaDevice") < 0 ||
+	    pytshm_add_type(m, &TshmCudaBuffer_Type, "_CudaBuffer") < 0 ||
+	    pytshm_add_type(m, &TshmCudaPool_Type, "_CudaPool") < 0)
+		return -1;
 	return 0;
 }

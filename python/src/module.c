@@ -122,7 +122,7 @@ static struct PyModuleDef tshm_module = {
 	.m_methods = module_methods,
 };
 
-static int add_type(PyObject *m, PyTypeObject *type, const char *name)
+int pytshm_add_type(PyObject *m, PyTypeObject *type, const char *name)
 {
 	if (PyType_Ready(type) < 0)
 		return -1;
@@ -176,11 +176,11 @@ PyMODINIT_FUNC PyInit__tshm(void)
 	if (!m)
 		return NULL;
 	if (add_exceptions(m) < 0 ||
-	    add_type(m, &TshmContext_Type, "Context") < 0 ||
-	    add_type(m, &TshmSegment_Type, "Segment") < 0 ||
-	    add_type(m, &TshmQueue_Type, "_Queue") < 0 ||
-	    add_type(m, &TshmPool_Type, "Pool") < 0 ||
-	    add_type(m, &TshmProcs_Type, "_Procs") < 0 ||
+	    pytshm_add_type(m, &TshmContext_Type, "Context") < 0 ||
+	    pytshm_add_type(m, &TshmSegment_Type, "Segment") < 0 ||
+	    pytshm_add_type(m, &TshmQueue_Type, "_Queue") < 0 ||
+	    pytshm_add_type(m, &TshmPool_Type, "Pool") < 0 ||
+	    pytshm_add_type(m, &TshmProcs_Type, "_Procs") < 0 ||
 	    PyModule_AddIntConstant(m, "QUEUE_MAX_SEGS", TSHM_QUEUE_MAX_SEGS) ||
 	    PyModule_AddIntConstant(m, "QUEUE_MAX_FDS", TSHM_QUEUE_MAX_FDS) ||
 	    PyModule_AddIntConstant(m, "SEG_NAME_MAX", TSHM_SEG_NAME_MAX) ||

@@ -88,6 +88,9 @@ PyObject *pytshm_locate_address(PyObject *module, PyObject *args);
 PyObject *pytshm_event_op(PyObject *module, PyObject *args);
 PyObject *pytshm_barrier_op(PyObject *module, PyObject *args);
 
+/* PyType_Ready() @type and add it to module @m as @name. */
+int pytshm_add_type(PyObject *m, PyTypeObject *type, const char *name);
+
 /* _dlpack(): memory handed to a framework as a DLPack capsule (dlpack.c). */
 PyObject *pytshm_dlpack(PyObject *module, PyObject *args, PyObject *kwds);
 

@@ -64,7 +64,18 @@ static PyObject *queue_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 	return (PyObject *)self;
 }
 
-static void msg_fds_close(PyObject *fds);
+/* Close the fds (a tuple of ints) that came with a message. */
+static void msg_fds_close(PyObject *fds)
+{
+	Py_ssize_t i;
+
+	for (i = 0; i < PyTuple_GET_SIZE(fds); i++) {
+		PyObject *fd = PyTuple_GET_ITEM(fds, i);
+
+		if (fd)
+			close((int)PyLong_AsLong(fd));
+	}
+}
 
 static void queue_dealloc(TshmQueue *self)
 {
@@ -246,19 +257,6 @@ static int recv_call(void *arg, int timeout_ms)
 	c->nfds = TSHM_QUEUE_MAX_FDS;
 	return tshm_queue_recv_fds(c->q, c->buf, c->cap, &c->len, c->segs,
 				   &c->nsegs, c->fds, &c->nfds, timeout_ms);
-}
-
-/* Close the fds (a tuple of ints) that came with a message. */
-static void msg_fds_close(PyObject *fds)
-{
-	Py_ssize_t i;
-
-	for (i = 0; i < PyTuple_GET_SIZE(fds); i++) {
-		PyObject *fd = PyTuple_GET_ITEM(fds, i);
-
-		if (fd)
-			close((int)PyLong_AsLong(fd));
-	}
 }
 
 static PyObject *queue_recv(TshmQueue *self, PyObject *args)

@@ -35,7 +35,7 @@ import signal
 import struct
 import threading
 
-from . import _reduction
+from . import _reduction, cuda
 from ._sync import _ms
 from . import _tshm
 from ._tshm import QUEUE_MAX_FDS, QUEUE_MAX_SEGS, Segment, _Queue, _locate
@@ -96,8 +96,7 @@ class _Split:
         self.buffers = []    # (index, offset, length), or None: a copy
         self.copies = []     # (position in buffers, memoryview)
         self.named = False   # the stream names segments
-        self.fds = []        # fds the message carries (borrowed)
-        self.keep = []       # what owns them, until the message is sent
+        self.fds = []        # fds the message carries (send() copies them)
 
     def segment_index(self, seg, limit):
         i = self.index.get(id(seg))
@@ -146,14 +145,11 @@ def _cuda_buffer_at(desc, seg_index, fd_index):
     """A GPU buffer in a message's pickle (_Hooks.cuda_ref): imported
     from its description, the message's segments and its fd."""
     segments = [_segment_at(i) for i in seg_index]
-    fd = -1
-    if fd_index >= 0:
-        fds = getattr(_decoding, "fds", ())
-        if type(fd_index) is not int or fd_index >= len(fds):
-            raise pickle.UnpicklingError(f"bad fd reference {fd_index!r}")
-        fd = fds[fd_index]
-    from . import cuda
-    return cuda._unpack(desc, segments, fd)
+    fds = getattr(_decoding, "fds", ())
+    if type(fd_index) is not int or not -1 <= fd_index < len(fds):
+        raise pickle.UnpicklingError(f"bad fd reference {fd_index!r}")
+    return cuda._unpack(desc, segments, fds[fd_index] if fd_index >= 0
+                        else -1)
 
 
 class _Hooks:
@@ -228,7 +224,6 @@ class _Hooks:
             else:
                 fd_index = len(split.fds)
                 split.fds.append(fd)
-            split.keep.append(buf)  # the fd is the buffer's until sent
         return _cuda_buffer_at, (desc, tuple(index), fd_index)
 
 
@@ -290,7 +285,7 @@ class Queue:
 
     def _encode(self, obj, handles):
         """The message for obj: (bytes, segments, split); split.fds are
-        the fds it carries, owned by split.keep.  The fd handles its
+        the fds it carries (its GPU buffers').  The fd handles its
         pickle made (nested Queues) are appended to handles."""
         room = self._max_msg
         fast, slow = self._encoders

@@ -76,19 +76,16 @@ def available():
 
 def _unpack(desc, segments, fd):
     """The receiving half of a Buffer in a tshm.Queue message: imported on
-    whichever of this process's devices the buffer lives on."""
+    whichever of this process's devices the buffer lives on (those already
+    open first, then the others in order)."""
     _require()
-    tried = set()
     with _lock:
-        known = list(_devices) if _devices_pid == os.getpid() else []
-    for ordinal in known + list(range(64)):
-        if ordinal in tried:
-            continue
-        tried.add(ordinal)
+        known = sorted(_devices) if _devices_pid == os.getpid() else []
+    for ordinal in known + [i for i in range(64) if i not in known]:
         try:
             dev = device(ordinal)
         except OSError as e:
-            if e.errno == errno.ENODEV and ordinal not in known:
+            if e.errno == errno.ENODEV:
                 break          # past the last device
             raise
         try:

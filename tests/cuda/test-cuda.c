@@ -29,6 +29,7 @@
 #include "../../cuda/cuda-private.h"
 
 #include "kselftest_harness.h"
+#include "../lib/tshm-test.h"	/* count_fds() */
 
 /*
  * Device-side helpers: kernels (tk-kernels.cu) on a GPU; host loops over
@@ -1084,21 +1085,6 @@ static int own_recv(struct tshm_queue *q, struct own_rx *rx, int timeout_ms)
 }
 
 /* Open fds of this process. */
-static int count_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *de;
-	int n = 0;
-
-	if (!d)
-		return -1;
-	while ((de = readdir(d)))
-		if (de->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n - 1;	/* the directory's own */
-}
-
 /*
  * A VMM buffer in a message of the test's own protocol on a plain queue:
  * the child unpacks it (twice: the second is a cache hit) and reads the
