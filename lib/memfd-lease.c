@@ -7,7 +7,10 @@
  * (@seg->lease_ends) and passes a peer along with the memfd; every holder
  * keeps one peer, the newest.  An end hangs up when every copy of its peer
  * is closed, by close, exit or SIGKILL: when every end has hung up, the
- * creator is the sole holder.  Locking: @seg->lease_lock.
+ * creator is the sole holder.  The creator also keeps the current peer
+ * (@seg->lease) for its next sends, and drops it before it looks for
+ * hang-ups: its own copy would hold its end open.  Locking:
+ * @seg->lease_lock.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -164,18 +167,28 @@ fail:
 	return ret;
 }
 
-/* 1: every lease hung up (sole holder); 0: not yet; <0 error. */
-static int lease_check(struct tshm_seg *seg, bool close_peer)
+/*
+ * Under @seg->lease_lock: the creator stops holding its copy of the
+ * current peer, so that the end hangs up once the holders close theirs;
+ * its next send makes a new lease.  A send in flight holds its own
+ * reference to the old one.
+ */
+static void lease_drop_own(struct tshm_seg *seg)
 {
-	struct tshm_lease *old = NULL;
+	struct tshm_lease *own = seg->lease;
+
+	seg->lease = NULL;
+	lease_put(own);
+}
+
+/* The creator's: 1 every lease hung up (sole holder); 0 not yet. */
+static int lease_check(struct tshm_seg *seg)
+{
 	unsigned i, n;
 	int ret;
 
 	pthread_mutex_lock(&seg->lease_lock);
-	if (close_peer) {
-		old = seg->lease;
-		seg->lease = NULL;
-	}
+	lease_drop_own(seg);
 	for (i = 0, n = 0; i < seg->nlease_ends; i++) {
 		struct pollfd pfd = { .fd = seg->lease_ends[i], .events = POLLIN };
 
@@ -187,7 +200,6 @@ static int lease_check(struct tshm_seg *seg, bool close_peer)
 	seg->nlease_ends = n;
 	ret = n == 0;
 	pthread_mutex_unlock(&seg->lease_lock);
-	lease_put(old);
 	return ret;
 }
 
@@ -206,7 +218,7 @@ void memfd_seg_destroy(struct tshm_seg *seg)
 
 int memfd_seg_released_now(struct tshm_seg *seg)
 {
-	return seg->creator ? lease_check(seg, true) : -EOPNOTSUPP;
+	return seg->creator ? lease_check(seg) : -EOPNOTSUPP;
 }
 
 int memfd_seg_release_pollfds(struct tshm_seg *seg, struct pollfd *pfd,
@@ -215,6 +227,8 @@ int memfd_seg_release_pollfds(struct tshm_seg *seg, struct pollfd *pfd,
 	unsigned i;
 
 	pthread_mutex_lock(&seg->lease_lock);
+	if (seg->creator)
+		lease_drop_own(seg);
 	for (i = 0; i < seg->nlease_ends && i < n; i++) {
 		pfd[i].fd = seg->lease_ends[i];
 		pfd[i].events = POLLIN;

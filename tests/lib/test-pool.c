@@ -268,3 +268,67 @@ TEST_F(pool, punch_on_reuse_cuts_pinned_pages)
 }
 
 TSHM_TEST_MAIN(NULL)
+
+/*
+ * A buffer that went to another process and was let go there is back at
+ * once: tshm_pool_available() counts it the first time it is asked and a
+ * get() with timeout 0 takes it.  On the fallback both used to miss it,
+ * because the creator's own copy of the lease peer, kept for the next
+ * send, held the lease end open; only a sleeping get() noticed.
+ */
+static void hop_and_back(struct __test_metadata *_metadata,
+			 struct tshm_ctx *ctx, bool other_process)
+{
+	struct tshm_seg *buf, *got[1], *again;
+	struct tshm_pool *pool;
+	struct tshm_queue *q;
+	unsigned n, round;
+	size_t len;
+	pid_t pid;
+	char x;
+
+	ASSERT_EQ(0, tshm_pool_create(ctx, 1, 4096, "hop", 0, &pool));
+	ASSERT_EQ(0, tshm_queue_create(ctx, 4, 1, &q));
+	/* Round 0 asks get() first, round 1 tshm_pool_available(). */
+	for (round = 0; round < 2; round++) {
+		ASSERT_EQ(0, tshm_pool_get(pool, 0, &buf));
+		ASSERT_EQ(0, tshm_queue_send(q, "b", 1, &buf, 1, 0));
+		tshm_seg_unref(buf);
+		n = 1;
+		if (other_process) {
+			pid = fork();
+			ASSERT_LE(0, pid);
+			if (pid == 0) {
+				if (tshm_queue_recv(q, &x, 1, &len, got, &n,
+						    5000))
+					_exit(1);
+				tshm_seg_unref(got[0]);
+				_exit(0);
+			}
+			ASSERT_EQ(0, wait_ok(pid));
+		} else {
+			ASSERT_EQ(0, tshm_queue_recv(q, &x, 1, &len, got, &n,
+						     0));
+			ASSERT_EQ(1, n);
+			tshm_seg_unref(got[0]);
+		}
+		if (round == 1)
+			EXPECT_EQ(1, tshm_pool_available(pool));
+		ASSERT_EQ(0, tshm_pool_get(pool, 0, &again));
+		EXPECT_EQ(-EAGAIN, tshm_pool_get(pool, 0, &buf));
+		EXPECT_EQ(0, tshm_pool_available(pool));
+		tshm_seg_unref(again);
+	}
+	tshm_queue_unref(q);
+	tshm_pool_destroy(pool);
+}
+
+TEST_F(pool, back_at_once_from_another_process)
+{
+	hop_and_back(_metadata, self->ctx, true);
+}
+
+TEST_F(pool, back_at_once_from_this_process)
+{
+	hop_and_back(_metadata, self->ctx, false);
+}

@@ -237,8 +237,9 @@ def test_pool_buffer_comes_back_after_the_receiver():
         assert held.get(timeout=30) == "holding"
         assert pool.available == 0       # the receiver still holds it
         release.put("go")
-        c = pool.get(timeout=30)         # a came back
         assert os.waitpid(pid, 0)[1] == 0
+        assert pool.available == 1       # a came back, seen at once
+        c = pool.get(timeout=0)
         assert c.size == 4096
         b.close(); c.close(); pool.close()
         """)

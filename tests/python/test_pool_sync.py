@@ -45,6 +45,32 @@ def test_pool_buffer_comes_back_after_receiver():
         again.close()
 
 
+@pytest.mark.parametrize("first", ["available", "get"])
+def test_pool_buffer_is_back_at_once(first):
+    """A buffer every receiver let go is back without a blocking get().
+
+    On the fallback the pool's own copy of the lease peer used to hide it
+    from ``available`` and ``get(timeout=0)``.
+    """
+    q = tshm.Queue()
+    with tshm.Pool(1, 4096) as pool:
+        for _ in range(2):
+            buf = pool.get(timeout=0)
+            q.put(buf)
+            buf.close()
+            pid = os.fork()
+            if pid == 0:
+                got = q.get(timeout=5)
+                got.close()
+                os._exit(0)
+            assert os.waitpid(pid, 0)[1] == 0
+            if first == "available":
+                assert pool.available == 1
+            again = pool.get(timeout=0)
+            assert pool.available == 0
+            again.close()
+
+
 def test_pool_errors():
     with pytest.raises(ValueError):
         tshm.Pool(0, 4096)
