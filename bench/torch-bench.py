@@ -2,7 +2,13 @@
 # SPDX-License-Identifier: GPL-2.0
 """tshm.torch against torch's own sharing strategies, in one run, one table.
 
-  PYTHONPATH=build/python bench/torch-bench.py [--quick]
+  PYTHONPATH=build/python bench/torch-bench.py [--quick] [--rows KIND...]
+
+  and for the module backend, the queue rows in the VM (each process
+  there imports torch in half a minute: spawn rows would take long):
+
+  scripts/vm-run --mem 4G --timeout 1200 -- env PYTHONPATH=build/python \
+      /usr/bin/python3 bench/torch-bench.py --quick --rows queue
 
 Rows:
 * queue latency: a tensor through a Queue to a worker, which answers with
@@ -146,11 +152,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help="fewer iterations (a smoke run)")
+    ap.add_argument("--rows", nargs="+", default=["queue", "loader", "spawn"],
+                    choices=["queue", "loader", "spawn"],
+                    help="which rows (default: all)")
     args = ap.parse_args()
     k = 0.2 if args.quick else 1
     rows = []
-    for nbytes, name, iters in ((4096, "4 KiB", 200), (1 << 20, "1 MiB", 100),
-                                (64 << 20, "64 MiB", 10)):
+    sizes = ((4096, "4 KiB", 200), (1 << 20, "1 MiB", 100),
+             (64 << 20, "64 MiB", 10))
+    for nbytes, name, iters in sizes if "queue" in args.rows else ():
         for resend in (True, False):
             label = f"queue {name} {'re-sent' if resend else 'fresh'}"
             # Strategies in turn, ROUNDS times, the median of each
@@ -163,15 +173,18 @@ def main():
                         s, nbytes, resend, max(3, int(iters * k))))
             vals = [statistics.median(runs[s]) for s in STRATEGIES]
             rows.append((label, vals, "time"))
-    for ds, label in ((Big(), "DataLoader (a) 16 MiB item"),
-                      (Small(), "DataLoader (b) 64 small tensors")):
+    loaders = ((Big(), "DataLoader (a) 16 MiB item"),
+               (Small(), "DataLoader (b) 64 small tensors"))
+    for ds, label in loaders if "loader" in args.rows else ():
         vals = [loader_rate(s, ds) for s in STRATEGIES]
         rows.append((label + " batches/s", vals, "rate"))
-    # Both forkservers started (and torch imported in them) before the
-    # rows, as a forkserver is meant to be used.
-    mp.set_forkserver_preload(["torch"])
-    servers = [spawn_time(w, "forkserver", 1) for w in ("torch", "tshm")]
-    for n in (1, 4, 16):
+    servers = None
+    if "spawn" in args.rows:
+        # Both forkservers started (and torch imported in them) before
+        # the rows, as a forkserver is meant to be used.
+        mp.set_forkserver_preload(["torch"])
+        servers = [spawn_time(w, "forkserver", 1) for w in ("torch", "tshm")]
+    for n in (1, 4, 16) if servers else ():
         # Columns here: torch "spawn" (its default), torch with the start
         # method of the row, tshm.torch.spawn with it.
         sp = spawn_time("torch", "spawn", n)
@@ -195,6 +208,8 @@ def main():
             r1, r2 = ts / fd, ts / fs
         print(f"{label:38} {cells[0]:>15} {cells[1]:>15} {cells[2]:>15} "
               f"{r1:6.1f}x {r2:6.1f}x")
+    if servers is None:
+        return 0
     print(f"spawn rows: columns are torch.multiprocessing.spawn (\"spawn\"), "
           f"torch's start_processes and tshm.torch.spawn with the row's "
           f"method;\nforkservers started first: torch's (preloading torch) "
