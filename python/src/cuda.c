@@ -390,6 +390,18 @@ static PyObject *buffer_pack(TshmCudaBuffer *self, PyObject *unused)
 	return ret;
 }
 
+/*
+ * Only a tshm.Queue message can carry a buffer (its segments and fd go
+ * with the message); any other pickler is told so.
+ */
+static PyObject *buffer_reduce(TshmCudaBuffer *self, PyObject *unused)
+{
+	PyErr_SetString(PyExc_TypeError, "a tshm GPU buffer travels only in "
+			"a tshm.Queue message (a tshm.torch context's Queue), "
+			"not through pickle or a pipe");
+	return NULL;
+}
+
 struct wait_call {
 	struct tshm_cuda_buf *buf;
 };
@@ -484,6 +496,8 @@ static PyMethodDef buffer_methods[] = {
 	{ "_pack", (PyCFunction)buffer_pack, METH_NOARGS,
 	  "_pack() -> (desc, segments, fd): tshm_cuda_buf_pack(); fd is the\n"
 	  "buffer's (-1: none), valid while the buffer is open." },
+	{ "__reduce__", (PyCFunction)buffer_reduce, METH_NOARGS,
+	  "Refused: see tshm.Queue." },
 	{ "wait_released", (PyCFunction)(void (*)(void))buffer_wait_released,
 	  METH_VARARGS | METH_KEYWORDS,
 	  "wait_released(timeout=None) -> bool: True once every process it\n"

@@ -52,17 +52,27 @@ struct dl_holder {
 	int64_t dims[2 * DL_MAX_DIMS];
 };
 
+static int dl_finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+	return Py_IsFinalizing();
+#else
+	return _Py_IsFinalizing();
+#endif
+}
+
 static void dl_deleter(DLManagedTensor *mt)
 {
 	struct dl_holder *h = (struct dl_holder *)mt;
 	PyGILState_STATE g;
 
 	/*
-	 * A framework may free its tensor after the interpreter is gone (a
-	 * C++ static destructor): the owner is then left to the process's
-	 * exit, which frees everything anyway.
+	 * A framework may free its tensor while the interpreter shuts down
+	 * or after it is gone (a C++ static destructor), when taking the GIL
+	 * from another thread may hang or end that thread: the owner is then
+	 * left to the process's exit, which frees everything anyway.
 	 */
-	if (Py_IsInitialized()) {
+	if (Py_IsInitialized() && !dl_finalizing()) {
 		g = PyGILState_Ensure();
 		Py_DECREF(h->owner);
 		PyGILState_Release(g);

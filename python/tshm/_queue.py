@@ -209,8 +209,12 @@ class _Hooks:
         for seg in segs:
             i = split.segment_index(seg, QUEUE_MAX_SEGS - 1)
             if i is None:
-                raise ValueError(f"a message can name at most "
-                                 f"{QUEUE_MAX_SEGS} segments")
+                raise ValueError(
+                    f"a message can carry GPU buffers of at most "
+                    f"{QUEUE_MAX_SEGS - 1} segments, two per buffer (its "
+                    f"lease and its allocation's anchor, which a pool's "
+                    f"buffers share): put fewer GPU buffers in one message "
+                    f"or take them from one pool")
             index.append(i)
         split.named = True
         fd_index = -1

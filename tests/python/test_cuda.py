@@ -43,17 +43,23 @@ def check(buf, byte):
 """
 
 
+def run_python(code, fake, timeout):
+    """Run code in a new python3, on the fake driver if fake (each test
+    its own fake device memory); its stdout."""
+    env = dict(os.environ)
+    if fake:
+        env.update(TSHM_CUDA_DRIVER=str(FAKE),
+                   TSHM_FAKE_VRAM_TAG=f"py{os.getpid()}")
+    p = subprocess.run([sys.executable, "-c", code], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
 def run_fake(code, timeout=120):
     """Run code (after PRELUDE) in a new python3 on the fake driver;
     its stdout."""
-    env = dict(os.environ, TSHM_CUDA_DRIVER=str(FAKE),
-               TSHM_FAKE_VRAM_TAG=f"py{os.getpid()}")
-    p = subprocess.run([sys.executable, "-c",
-                        PRELUDE + textwrap.dedent(code)],
-                       env=env, capture_output=True, text=True,
-                       timeout=timeout)
-    assert p.returncode == 0, p.stdout + p.stderr
-    return p.stdout
+    return run_python(PRELUDE + textwrap.dedent(code), True, timeout)
 
 
 # -- the queue's fds -------------------------------------------------------

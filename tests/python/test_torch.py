@@ -275,14 +275,6 @@ def test_fd_use_is_bounded_by_arenas():
     assert len(segs) < 10
 
 
-def test_cuda_skips_without_gpu():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device: tshm.torch.cuda needs a GPU and "
-                    "libtshm-cuda")
-    pytest.fail("tshm.torch.cuda (libtshm-cuda + DLPack) is not built yet")
-
-
-
 RESEND_SCRIPT = textwrap.dedent("""
     import os, sys, torch, tshm.torch
     from multiprocessing import resource_sharer

@@ -24,10 +24,10 @@ import multiprocessing.queues
 import torch
 import torch.multiprocessing
 
-from . import _alloc, _mpqueue, _reductions
+from . import _alloc, _mpqueue, _reductions, cuda
 from ._reductions import STRATEGY, active, locate, move_to_segment
 
-__all__ = ["install", "uninstall", "installed", "get_context", "spawn",
+__all__ = ["install", "uninstall", "installed", "get_context", "spawn", "cuda",
            "SMALL_MAX", "ARENA_SIZE"]
 
 SMALL_MAX = _alloc.SMALL_MAX

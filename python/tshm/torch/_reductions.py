@@ -22,7 +22,7 @@ import torch.multiprocessing
 import torch.multiprocessing.reductions as _torch_red
 
 from .._tshm import _locate_address
-from . import _alloc
+from . import _alloc, cuda
 
 STRATEGY = "tshm"
 
@@ -121,6 +121,9 @@ def rebuild_tensor(cls, seg, off, n, dtype, meta):
 
 
 def reduce_tensor(tensor):
+    red = cuda._reduce(tensor)      # over a tshm GPU buffer: whatever
+    if red is not None:             # the strategy, torch's cannot share it
+        return red
     if not active() or not _shareable(tensor):
         return _torch_red.reduce_tensor(tensor)
     if tensor.requires_grad and not tensor.is_leaf:
