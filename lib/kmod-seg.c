@@ -125,6 +125,15 @@ int kmod_seg_release_pollfds(struct tshm_seg *seg, struct pollfd *pfd,
 {
 	if (n < 1 || seg->fd < 0)
 		return 0;
+	/*
+	 * Grants this process did not consume (it hit its own cache) and
+	 * has not given back yet, and spare grants parked in its queues'
+	 * tables, look like holders to the fd: give them back first, or the
+	 * fd cannot say "released" (no system call when there are none).
+	 */
+	flush_drops(seg);
+	if (atomic_load_explicit(&seg->spare_touched, memory_order_relaxed))
+		kmod_reclaim_spares(seg->ctx, seg->id);
 	pfd[0].fd = seg->fd;
 	pfd[0].events = POLLIN;
 	return 1;
