@@ -397,8 +397,9 @@ static PyObject *buffer_pack(TshmCudaBuffer *self, PyObject *unused)
 static PyObject *buffer_reduce(TshmCudaBuffer *self, PyObject *unused)
 {
 	PyErr_SetString(PyExc_TypeError, "a tshm GPU buffer travels only in "
-			"a tshm.Queue message (a tshm.torch context's Queue), "
-			"not through pickle or a pipe");
+			"a tshm.Queue message (a tshm.torch context's Queue) "
+			"whose pickle fits the queue's max_msg, not through "
+			"pickle or a pipe");
 	return NULL;
 }
 

@@ -210,11 +210,12 @@ class _Hooks:
             i = split.segment_index(seg, QUEUE_MAX_SEGS - 1)
             if i is None:
                 raise ValueError(
-                    f"a message can carry GPU buffers of at most "
-                    f"{QUEUE_MAX_SEGS - 1} segments, two per buffer (its "
-                    f"lease and its allocation's anchor, which a pool's "
-                    f"buffers share): put fewer GPU buffers in one message "
-                    f"or take them from one pool")
+                    f"a message names at most {QUEUE_MAX_SEGS - 1} "
+                    f"segments besides its copied bytes: each big CPU "
+                    f"tensor one, each GPU buffer two (its lease and its "
+                    f"allocation's anchor, which a pool's buffers share); "
+                    f"put fewer in one message or take GPU buffers from "
+                    f"one pool")
             index.append(i)
         split.named = True
         fd_index = -1

@@ -18,6 +18,7 @@ Two halves:
 Each scenario runs in fresh processes: a CUDA context does not survive
 fork(), and libtshm-cuda opens its driver once per process."""
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -37,6 +38,7 @@ needs_fake = pytest.mark.skipif(
     "the buffers on the module)")
 
 
+@functools.lru_cache(maxsize=None)
 def _gpu_reason():
     """Why the GPU half cannot run here, or None.  Asked in a child: a
     CUDA context in pytest's own process would make every later fork in
@@ -209,7 +211,7 @@ def test_gpu_tensors_a_message_carries():
         try:
             q.put(own)                 # 4: 8, one more than room
         except ValueError as e:
-            assert "two per buffer" in str(e), e
+            assert "each GPU buffer two" in str(e), e
         else:
             raise AssertionError("4 GPU allocations in one message")
         dev = tc.device(0)
@@ -222,6 +224,112 @@ def test_gpu_tensors_a_message_carries():
         assert len(got) == 6 and q.empty()
         print("ok")
         """, fake=True)
+
+
+STUB_STREAMS = """
+import threading
+gate = threading.Event()        # the stand-in GPU work completes when set
+log = []
+
+
+class StubStream:
+    def __init__(self, name):
+        self.name = name
+
+    def synchronize(self):
+        log.append(("sync", self.name))
+
+
+class StubEvent:
+    failures = 0                # how many synchronize() calls fail first
+
+    def record(self, stream):
+        self.stream = stream
+        log.append(("record", stream.name))
+
+    def synchronize(self):
+        if StubEvent.failures:
+            StubEvent.failures -= 1
+            raise RuntimeError("stand-in CUDA error")
+        gate.wait()
+
+
+class StubStreams(ttc._Streams):
+    # The real _Streams with its four CUDA calls stood in for, over CPU
+    # tensors: the releaser, drain(), record_stream() and the put's wait
+    # run as shipped.
+    dl_device = ttc._DL_CPU
+    ordinal = ttc._HostMemory.ordinal
+    torch_device = ttc._HostMemory.torch_device
+
+    def current_stream(self, ordinal):
+        return StubStream("current")
+
+    def new_event(self):
+        return StubEvent()
+
+    def capturing(self, streams):
+        return False
+
+
+ttc._streams = StubStreams()
+"""
+
+
+@needs_fake
+def test_release_waits_for_the_work_queued_on_the_buffer():
+    run(STUB_STREAMS + textwrap.dedent("""
+        q, r, go = ctx.Queue(), ctx.Queue(), ctx.Queue()
+
+        def consumer():
+            x = q.get(timeout=30)
+            ttc.record_stream(x, StubStream("side"))
+            del x                      # work still "running": kept
+            r.put(sorted(log))
+            go.get(timeout=30)
+            gate.set()                 # the work completes: released
+            y = q.get(timeout=30)
+            StubEvent.failures = 1     # a failed sync is retried, the
+            gate.clear()               # buffer not closed meanwhile
+            del y
+            r.put("dropped")
+            go.get(timeout=30)
+            gate.set()
+            z = q.get(timeout=30)
+            gate.clear()
+            del z
+            r.put("exiting")
+            timer = threading.Timer(2.0, gate.set)
+            timer.daemon = True        # exit does not wait for it
+            timer.start()
+            # Returns: multiprocessing's exit drains the releaser, which
+            # waits for the gate before the process goes.
+
+        p = child(consumer)
+        t = ttc.empty(1024, dtype=torch.uint8, device=0)
+        ttc.record_stream(t, StubStream("producer-side"))
+        del log[:]
+        q.put(t)                       # waits for both streams' work
+        assert sorted(log) == [("sync", "current"),
+                               ("sync", "producer-side")], log
+        assert r.get(timeout=30) == [("record", "current"),
+                                     ("record", "side")]
+        assert not ttc.wait_released(t, timeout=0.5)
+        go.put("go")
+        assert ttc.wait_released(t, timeout=30)
+        q.put(t)
+        assert r.get(timeout=30) == "dropped"
+        assert not ttc.wait_released(t, timeout=0.5)
+        go.put("go")
+        assert ttc.wait_released(t, timeout=30)
+        q.put(t)
+        assert r.get(timeout=30) == "exiting"
+        assert not ttc.wait_released(t, timeout=0.5)
+        p.join(30)
+        assert p.exitcode == 0
+        assert ttc.wait_released(t, timeout=0)
+        print("ok")
+        """), fake=True)
 
 
 @needs_fake
@@ -443,6 +551,7 @@ def test_gpu_producer_exits_and_killed_consumer_frees_memory():
             sys.exit(0)                # exits at once, t still alive
 
         def consumer():
+            go.get(timeout=60)         # the producer has exited
             x = q.get(timeout=60)
             r.put(int(x[::4096].sum()))
             time.sleep(600)
@@ -451,10 +560,12 @@ def test_gpu_producer_exits_and_killed_consumer_frees_memory():
         b = child(free_memory)
         b.join(60)
         before = r.get(timeout=60)
+        go = ctx.Queue()
         c = child(consumer)
         p = child(producer)
         p.join(60)
         assert p.exitcode == 0
+        go.put("go")
         assert r.get(timeout=60) == 7 * (SIZE // 4096)
         os.kill(c.pid, signal.SIGKILL)
         c.join(60)

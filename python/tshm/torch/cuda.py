@@ -43,6 +43,7 @@ import multiprocessing.util
 import os
 import queue
 import threading
+import time
 import warnings
 import weakref
 
@@ -71,14 +72,41 @@ _lock = threading.RLock()
 _holders = {}
 
 
+#: How long an exiting process waits for the GPU work its buffers wait for.
+DRAIN_TIMEOUT = 60.0
+#: A release whose events failed to synchronize is tried again after this.
+_RETRY_S = 0.5
+
+
 class _Streams:
-    """The CUDA half: tensors on the GPU, ordered by stream waits."""
+    """The CUDA half: tensors on the GPU, ordered by stream waits.  The
+    CUDA calls are the four methods at the top, so that the tests on a
+    torch without CUDA stand in for them and run the rest."""
 
     dl_device = _DL_CUDA
+
+    def current_stream(self, ordinal):
+        return torch.cuda.current_stream(ordinal)
+
+    def new_event(self):
+        # Blocking: the releaser sleeps in synchronize(), not spins.
+        return torch.cuda.Event(blocking=True)
+
+    def capturing(self, streams):
+        """Is any of streams being captured into a CUDA graph?"""
+        for s in streams:
+            with torch.cuda.stream(s):
+                if torch.cuda.is_current_stream_capturing():
+                    return True
+        return False
+
+    def torch_device(self, ordinal):
+        return torch.device("cuda", ordinal)
 
     def __init__(self):
         self._release = None         # the releaser's queue, this process's
         self._thread = None
+        self._exiting = False
         self._kept = []              # buffers freed under graph capture
 
     def ordinal(self, device):
@@ -92,34 +120,31 @@ class _Streams:
         return torch.cuda.current_device() if device.index is None \
             else device.index
 
-    def torch_device(self, ordinal):
-        return torch.device("cuda", ordinal)
-
     def written(self, ordinal, streams):
         """Sender: the work queued so far that may write the tensor has
         completed (see the module's docstring)."""
-        for s in (torch.cuda.current_stream(ordinal),) + streams:
+        for s in (self.current_stream(ordinal),) + streams:
             s.synchronize()          # without the GIL
 
     def release_after_use(self, holder):
         """Let go of holder.buf once the work queued so far that may use
         it completed, on the releaser thread."""
-        if _capturing():
+        streams = (self.current_stream(holder.ordinal),) + holder.streams
+        if self.capturing(streams):
             # An event recorded during capture is a node of the graph,
             # which may replay over the buffer any time: keep it.
-            warnings.warn("tshm.torch.cuda: a tensor freed during CUDA graph "
-                          "capture keeps its buffer until the process exits",
-                          RuntimeWarning, stacklevel=2)
             self._kept.append(holder.buf)
+            _warn("a tensor freed during CUDA graph capture keeps its "
+                  "buffer until the process exits")
             return
         events = []
-        for s in (torch.cuda.current_stream(holder.ordinal),) + \
-                holder.streams:
-            ev = torch.cuda.Event()
+        for s in streams:
+            ev = self.new_event()
             ev.record(s)
             events.append(ev)
         with _lock:
-            if self._release is None:
+            exiting = self._exiting
+            if not exiting and self._release is None:
                 self._release = queue.SimpleQueue()
                 self._thread = threading.Thread(
                     target=_releaser, args=(self._release,),
@@ -129,30 +154,59 @@ class _Streams:
                 # atexit, after running these (exitpriority >= 0).
                 multiprocessing.util.Finalize(None, self.drain,
                                               exitpriority=10)
-            self._release.put((events, holder.buf))
+            if not exiting:
+                self._release.put((events, holder.buf))
+        if exiting:                  # no releaser any more: here, now
+            _release_when_done(events, holder.buf, retry=False)
 
     def drain(self):
         """At exit: every buffer waiting for this process's work is let go
-        once it completed; the releaser thread is stopped and joined (a
-        daemon thread still in a CUDA call at interpreter shutdown may
-        abort the process)."""
+        once it completed (DRAIN_TIMEOUT at most); the releaser thread is
+        stopped and joined (a daemon thread still in a CUDA call at
+        interpreter shutdown may abort the process).  A tensor freed
+        after this lets go of its buffer in the freeing thread."""
         with _lock:
+            self._exiting = True
             release, thread = self._release, self._thread
             self._release = self._thread = None
         if release is not None:
             release.put(None)
-            thread.join()
+            thread.join(DRAIN_TIMEOUT)
+            if thread.is_alive():
+                _warn(f"GPU work still pending after {DRAIN_TIMEOUT} s at "
+                      f"exit: its buffers go with the process")
 
     def after_fork(self):
         """In a child: the parent's releaser thread is not here, and CUDA
         cannot be used (its buffers refuse to close here anyway)."""
         self._release = self._thread = None
+        self._exiting = False
         self._kept = []
 
 
-def _capturing():
-    is_capturing = getattr(torch.cuda, "is_current_stream_capturing", None)
-    return is_capturing is not None and is_capturing()
+def _release_when_done(events, buf, retry=True):
+    """Close buf once every event completed.  A failed synchronize (a
+    graph capture in global mode elsewhere in the process refuses it; a
+    broken context) is tried again, or without retry (exiting) leaves buf
+    to the process's exit: never a close under running work."""
+    warned = False
+    while True:
+        try:
+            for ev in events:
+                ev.synchronize()     # without the GIL
+            break
+        except BaseException as e:
+            if not warned:
+                _warn(f"waiting to release a GPU buffer: {e!r}" +
+                      ("; retrying" if retry else ""))
+                warned = True
+            if not retry:
+                return
+            time.sleep(_RETRY_S)
+    try:
+        buf.close()
+    except BaseException as e:
+        _warn(f"releasing a GPU buffer: {e!r}")
 
 
 def _releaser(work):
@@ -160,20 +214,16 @@ def _releaser(work):
         item = work.get()
         if item is None:
             return
-        events, buf = item
-        try:
-            for ev in events:
-                ev.synchronize()     # without the GIL
-        except Exception as e:       # a sticky CUDA error: nothing of
-            _warn(e)                 # this context runs any more
-        try:
-            buf.close()
-        except Exception as e:
-            _warn(e)
+        _release_when_done(*item)
 
 
-def _warn(e):
-    warnings.warn(f"tshm.torch.cuda releaser: {e!r}", RuntimeWarning)
+def _warn(message):
+    """A RuntimeWarning that never raises: turned into an error
+    (-W error), it must not undo a release or kill the releaser."""
+    try:
+        warnings.warn(f"tshm.torch.cuda: {message}", RuntimeWarning)
+    except BaseException:
+        pass
 
 
 class _HostMemory:
@@ -198,6 +248,9 @@ class _HostMemory:
 
     def release_after_use(self, holder):
         holder.buf.close()
+
+    def capturing(self, streams):
+        return False
 
     def drain(self):
         pass
@@ -231,30 +284,41 @@ class _Holder:
         self.ptr = buf.ptr
         self.ordinal = ordinal
         self.streams = ()
-        with _lock:
-            _holders.setdefault(self.ptr, []).append(weakref.ref(self))
+        ref = weakref.ref(self)      # allocated before the lock: no
+        with _lock:                  # collection runs in between
+            _holders.setdefault(self.ptr, []).append(ref)
 
     def __del__(self):
         with _lock:
-            refs = _holders.get(self.ptr, [])
-            # Our own weak reference is still alive in __del__.
-            refs[:] = [r for r in refs if r() not in (None, self)]
-            if not refs:
-                _holders.pop(self.ptr, None)
+            refs = _holders.get(self.ptr)
+            if refs is not None:
+                # Our own weak reference is still alive in __del__.
+                refs[:] = [r for r in refs if r() not in (None, self)]
+                if not refs:
+                    del _holders[self.ptr]
         try:
             _streams.release_after_use(self)
-        except Exception:
-            # No CUDA left to order against (interpreter or context
-            # shutting down): nothing of ours runs on the GPU any more.
+        except BaseException as e:
+            # No releaser (thread limit, shutdown): wait for the device
+            # here rather than free memory under a running kernel.
+            _warn(f"releasing a GPU buffer in place: {e!r}")
+            try:
+                torch.cuda.synchronize(self.ordinal)
+            except BaseException:
+                pass                 # no CUDA left: nothing runs on it
             self.buf.close()
 
 
 def _holder_of(tensor):
     """The _Holder under tensor's storage, or None (an ordinary tensor)."""
-    if tensor.layout != torch.strided or tensor.is_quantized or \
+    if tensor.device.type != _streams.torch_device(0).type or \
+            tensor.layout != torch.strided or tensor.is_quantized or \
             getattr(tensor, "is_nested", False):
         return None
-    storage = _alloc.untyped(tensor)
+    try:
+        storage = _alloc.untyped(tensor)
+    except (NotImplementedError, RuntimeError):
+        return None                  # a subclass without storage
     with _lock:
         refs = list(_holders.get(storage.data_ptr(), ()))
     for ref in refs:
