@@ -1084,6 +1084,60 @@ static int own_recv(struct tshm_queue *q, struct own_rx *rx, int timeout_ms)
 	return 0;
 }
 
+/* What the pack tests share: a plain queue for own_send() and a page. */
+struct own_env {
+	struct tshm_ctx *ctx;
+	struct tshm_queue *q;
+	struct tshm_seg *seg;
+	struct shared *sh;
+};
+
+static int own_env_open(struct own_env *e)
+{
+	int ret = tshm_ctx_open(&e->ctx, 0);
+
+	if (ret < 0)
+		return ret;
+	ret = tshm_queue_create(e->ctx, 4, OWN_MAX, &e->q);
+	if (ret < 0)
+		goto close_ctx;
+	e->sh = shared_create(e->ctx, &e->seg);
+	if (!e->sh) {
+		ret = -ENOMEM;
+		tshm_queue_unref(e->q);
+		goto close_ctx;
+	}
+	return 0;
+close_ctx:
+	tshm_ctx_close(e->ctx);
+	return ret;
+}
+
+static void own_env_close(struct own_env *e)
+{
+	tshm_queue_unref(e->q);
+	tshm_seg_unref(e->seg);
+	tshm_ctx_close(e->ctx);
+}
+
+/*
+ * Child: the next own_send() message, with @nsegs segments and @nfds fds,
+ * unpacked on @ccu into *@r (exits on failure).
+ */
+static void child_own_unpack(struct tshm_cuda *ccu, struct tshm_queue *q,
+			     struct own_rx *rx, unsigned nsegs, unsigned nfds,
+			     struct tshm_cuda_buf **r)
+{
+	int ret = own_recv(q, rx, 20000);
+
+	CK(!ret, "recv %d", ret);
+	CK(rx->nsegs == nsegs && rx->nfds == nfds, "%u segments, %u fds",
+	   rx->nsegs, rx->nfds);
+	ret = tshm_cuda_buf_unpack(ccu, rx->desc, rx->dlen, rx->segs,
+				   rx->nsegs, rx->fd, r);
+	CK(!ret, "unpack %d", ret);
+}
+
 /* Open fds of this process. */
 /*
  * A VMM buffer in a message of the test's own protocol on a plain queue:
@@ -1094,11 +1148,8 @@ static int own_recv(struct tshm_queue *q, struct own_rx *rx, int timeout_ms)
 TEST(pack_own_queue)
 {
 	struct tshm_cuda_buf *b;
-	struct tshm_queue *q;
 	struct tshm_cuda *cu;
-	struct tshm_seg *seg;
-	struct tshm_ctx *ctx;
-	struct shared *sh;
+	struct own_env e;
 	struct probe pr;
 	uint64_t seed = 0x9ac40001;
 	size_t size;
@@ -1106,9 +1157,7 @@ TEST(pack_own_queue)
 
 	NEED_GPU(&pr, 1);
 	size = (size_t)pr.gran * 2;
-	ASSERT_EQ(0, tshm_ctx_open(&ctx, 0));
-	ASSERT_EQ(0, tshm_queue_create(ctx, 4, OWN_MAX, &q));
-	ASSERT_NE(NULL, sh = shared_create(ctx, &seg));
+	ASSERT_EQ(0, own_env_open(&e));
 	pid = fork();
 	ASSERT_GE(pid, 0);
 	if (pid == 0) {
@@ -1119,13 +1168,7 @@ TEST(pack_own_queue)
 		struct own_rx rx;
 		int ret;
 
-		ret = own_recv(q, &rx, 20000);
-		CK(!ret, "recv %d", ret);
-		CK(rx.nsegs == 2 && rx.nfds == 1, "%u segments, %u fds",
-		   rx.nsegs, rx.nfds);
-		ret = tshm_cuda_buf_unpack(ccu, rx.desc, rx.dlen, rx.segs,
-					   rx.nsegs, rx.fd, &r);
-		CK(!ret, "unpack %d", ret);
+		child_own_unpack(ccu, e.q, &rx, 2, 1, &r);
 		CK(tshm_cuda_buf_size(r) == size, "size");
 		CK(tshm_cuda_buf_kind(r) == TSHM_CUDA_VMM, "kind");
 		ret = dev_check(tshm_cuda_buf_ptr(r), size, rx.seed, &bad);
@@ -1149,35 +1192,33 @@ TEST(pack_own_queue)
 		CK(!ret && !bad, "check after release: %d, %llu bad", ret,
 		   (unsigned long long)bad);
 		tshm_cuda_buf_unref(r);
-		atomic_store(&sh->v[V_C_GOT], 1);
-		CK(!wait_v(sh, V_REQ, 1, 20000), "never asked to let go");
+		atomic_store(&e.sh->v[V_C_GOT], 1);
+		CK(!wait_v(e.sh, V_REQ, 1, 20000), "never asked to let go");
 		tshm_cuda_buf_unref(r2);
-		atomic_store(&sh->v[V_DONE], 1);
-		CK(!wait_v(sh, V_STOP, 1, 20000), "never stopped");
+		atomic_store(&e.sh->v[V_DONE], 1);
+		CK(!wait_v(e.sh, V_STOP, 1, 20000), "never stopped");
 		tshm_cuda_close(ccu);
 		_exit(0);
 	}
 	ASSERT_EQ(0, tshm_cuda_open(0, &cu)) TH_LOG("%s", tshm_cuda_last_error());
 	ASSERT_EQ(0, dev_set_device(0));
-	ASSERT_EQ(0, tshm_cuda_buf_alloc(cu, ctx, size, &b))
+	ASSERT_EQ(0, tshm_cuda_buf_alloc(cu, e.ctx, size, &b))
 		TH_LOG("%s", tshm_cuda_last_error());
 	ASSERT_EQ(0, dev_fill(tshm_cuda_buf_ptr(b), size, seed));
-	ASSERT_EQ(0, own_send(q, b, seed, 5000))
+	ASSERT_EQ(0, own_send(e.q, b, seed, 5000))
 		TH_LOG("%s", tshm_cuda_last_error());
 	/* one buffer made from the message is still held */
-	ASSERT_EQ(0, wait_v(sh, V_C_GOT, 1, 20000));
+	ASSERT_EQ(0, wait_v(e.sh, V_C_GOT, 1, 20000));
 	ASSERT_EQ(-EAGAIN, tshm_cuda_buf_wait_released(b, 0));
-	atomic_store(&sh->v[V_REQ], 1);
+	atomic_store(&e.sh->v[V_REQ], 1);
 	/* released while the child lives: nothing of it leaked there */
-	ASSERT_EQ(0, wait_v(sh, V_DONE, 1, 20000));
+	ASSERT_EQ(0, wait_v(e.sh, V_DONE, 1, 20000));
 	ASSERT_EQ(0, tshm_cuda_buf_wait_released(b, 10000));
-	atomic_store(&sh->v[V_STOP], 1);
+	atomic_store(&e.sh->v[V_STOP], 1);
 	ASSERT_EQ(0, exit_code(pid));
 	tshm_cuda_buf_unref(b);
 	tshm_cuda_close(cu);
-	tshm_queue_unref(q);
-	tshm_seg_unref(seg);
-	tshm_ctx_close(ctx);
+	own_env_close(&e);
 }
 
 /*
@@ -1189,11 +1230,8 @@ TEST(pack_own_queue)
 TEST(pack_producer_unrefs)
 {
 	struct tshm_cuda_buf *b;
-	struct tshm_queue *q;
 	struct tshm_cuda *cu;
-	struct tshm_seg *seg;
-	struct tshm_ctx *ctx;
-	struct shared *sh;
+	struct own_env e;
 	struct probe pr;
 	uint64_t seed = 0x9ac40002;
 	size_t size;
@@ -1201,9 +1239,7 @@ TEST(pack_producer_unrefs)
 
 	NEED_GPU(&pr, 1);
 	size = big_size(&pr);
-	ASSERT_EQ(0, tshm_ctx_open(&ctx, 0));
-	ASSERT_EQ(0, tshm_queue_create(ctx, 4, OWN_MAX, &q));
-	ASSERT_NE(NULL, sh = shared_create(ctx, &seg));
+	ASSERT_EQ(0, own_env_open(&e));
 	pid = fork();
 	ASSERT_GE(pid, 0);
 	if (pid == 0) {
@@ -1215,12 +1251,8 @@ TEST(pack_producer_unrefs)
 		struct own_rx rx;
 		int ret;
 
-		CK(!wait_v(sh, V_FREED, 1, 20000), "producer never freed");
-		ret = own_recv(q, &rx, 20000);
-		CK(!ret, "recv %d", ret);
-		ret = tshm_cuda_buf_unpack(ccu, rx.desc, rx.dlen, rx.segs,
-					   rx.nsegs, rx.fd, &r);
-		CK(!ret, "unpack %d", ret);
+		CK(!wait_v(e.sh, V_FREED, 1, 20000), "producer never freed");
+		child_own_unpack(ccu, e.q, &rx, 2, 1, &r);
 		own_release(&rx);	/* at once: the buffer needs none of it */
 		ret = dev_check(tshm_cuda_buf_ptr(r), size, rx.seed, &bad);
 		CK(!ret && !bad, "check: %d, %llu bad", ret,
@@ -1243,17 +1275,15 @@ TEST(pack_producer_unrefs)
 	}
 	ASSERT_EQ(0, tshm_cuda_open(0, &cu)) TH_LOG("%s", tshm_cuda_last_error());
 	ASSERT_EQ(0, dev_set_device(0));
-	ASSERT_EQ(0, tshm_cuda_buf_alloc(cu, ctx, size, &b))
+	ASSERT_EQ(0, tshm_cuda_buf_alloc(cu, e.ctx, size, &b))
 		TH_LOG("%s", tshm_cuda_last_error());
 	ASSERT_EQ(0, dev_fill(tshm_cuda_buf_ptr(b), size, seed));
-	ASSERT_EQ(0, own_send(q, b, seed, 5000));
+	ASSERT_EQ(0, own_send(e.q, b, seed, 5000));
 	tshm_cuda_buf_unref(b);		/* the producer's copy is gone */
-	atomic_store(&sh->v[V_FREED], 1);
+	atomic_store(&e.sh->v[V_FREED], 1);
 	ASSERT_EQ(0, exit_code(pid));
 	tshm_cuda_close(cu);
-	tshm_queue_unref(q);
-	tshm_seg_unref(seg);
-	tshm_ctx_close(ctx);
+	own_env_close(&e);
 }
 
 /* Unpack that must fail: the error, *out NULL; a success is let go. */
@@ -1326,11 +1356,8 @@ TEST(pack_bad_input)
 	struct tshm_seg *segs[TSHM_CUDA_PACK_SEGS], *anchor;
 	struct tshm_cuda_buf *b, *b2, *lb;
 	char desc[TSHM_CUDA_DESC_SIZE];
-	struct tshm_queue *q;
 	struct tshm_cuda *cu;
-	struct tshm_seg *seg;
-	struct tshm_ctx *ctx;
-	struct shared *sh;
+	struct own_env e;
 	struct probe pr;
 	size_t lsize = 3UL << 20, ln = lsize - 8192;
 	unsigned nsegs;
@@ -1339,9 +1366,7 @@ TEST(pack_bad_input)
 	int fd;
 
 	NEED_GPU(&pr, 1);
-	ASSERT_EQ(0, tshm_ctx_open(&ctx, 0));
-	ASSERT_EQ(0, tshm_queue_create(ctx, 4, OWN_MAX, &q));
-	ASSERT_NE(NULL, sh = shared_create(ctx, &seg));
+	ASSERT_EQ(0, own_env_open(&e));
 	pid = fork();
 	ASSERT_GE(pid, 0);
 	if (pid == 0) {
@@ -1356,7 +1381,7 @@ TEST(pack_bad_input)
 		int ret, nfd;
 
 		for (k = 0; k < 3; k++) {
-			ret = own_recv(q, &rx[k], 20000);
+			ret = own_recv(e.q, &rx[k], 20000);
 			CK(!ret, "recv %u: %d", k, ret);
 		}
 		nfd = count_fds();
@@ -1535,16 +1560,16 @@ TEST(pack_bad_input)
 			own_release(&rx[k]);
 		/* the cache lets go of the anchors too */
 		tshm_cuda_close(ccu);
-		atomic_store(&sh->v[V_C_GOT], 1);
-		CK(!wait_v(sh, V_STOP, 1, 20000), "never stopped");
+		atomic_store(&e.sh->v[V_C_GOT], 1);
+		CK(!wait_v(e.sh, V_STOP, 1, 20000), "never stopped");
 		_exit(0);
 	}
 	ASSERT_EQ(0, tshm_cuda_open(0, &cu)) TH_LOG("%s", tshm_cuda_last_error());
 	ASSERT_EQ(0, dev_set_device(0));
-	ASSERT_EQ(0, tshm_cuda_buf_alloc(cu, ctx, (size_t)pr.gran, &b));
-	ASSERT_EQ(0, tshm_cuda_buf_alloc(cu, ctx, (size_t)pr.gran, &b2));
+	ASSERT_EQ(0, tshm_cuda_buf_alloc(cu, e.ctx, (size_t)pr.gran, &b));
+	ASSERT_EQ(0, tshm_cuda_buf_alloc(cu, e.ctx, (size_t)pr.gran, &b2));
 	ASSERT_EQ(0, dev_malloc(&d, lsize));
-	ASSERT_EQ(0, tshm_cuda_buf_wrap(cu, ctx, (char *)d + 4096, ln, &lb));
+	ASSERT_EQ(0, tshm_cuda_buf_wrap(cu, e.ctx, (char *)d + 4096, ln, &lb));
 	ASSERT_EQ(0, dev_fill(tshm_cuda_buf_ptr(b), pr.gran, 31));
 	ASSERT_EQ(0, dev_fill(tshm_cuda_buf_ptr(lb), ln, 33));
 	/* pack: arguments and room */
@@ -1577,25 +1602,23 @@ TEST(pack_bad_input)
 	ASSERT_EQ(1, nsegs);
 	ASSERT_EQ(-1, fd);
 
-	ASSERT_EQ(0, own_send(q, b, 31, 5000));
-	ASSERT_EQ(0, own_send(q, b2, 32, 5000));
-	ASSERT_EQ(0, own_send(q, lb, 33, 5000));
-	ASSERT_EQ(0, wait_v(sh, V_C_GOT, 1, 20000));
+	ASSERT_EQ(0, own_send(e.q, b, 31, 5000));
+	ASSERT_EQ(0, own_send(e.q, b2, 32, 5000));
+	ASSERT_EQ(0, own_send(e.q, lb, 33, 5000));
+	ASSERT_EQ(0, wait_v(e.sh, V_C_GOT, 1, 20000));
 	/* while the child lives: it keeps no lease and no anchor */
 	ASSERT_EQ(0, tshm_cuda_buf_wait_released(b, 10000));
 	ASSERT_EQ(0, tshm_cuda_buf_wait_released(b2, 10000));
 	ASSERT_EQ(0, tshm_cuda_buf_wait_released(lb, 10000));
 	ASSERT_EQ(0, tshm_seg_wait_released(anchor, 10000));
-	atomic_store(&sh->v[V_STOP], 1);
+	atomic_store(&e.sh->v[V_STOP], 1);
 	ASSERT_EQ(0, exit_code(pid));
 	tshm_cuda_buf_unref(b);
 	tshm_cuda_buf_unref(b2);
 	tshm_cuda_buf_unref(lb);
 	ASSERT_EQ(0, dev_free(d));
 	tshm_cuda_close(cu);
-	tshm_queue_unref(q);
-	tshm_seg_unref(seg);
-	tshm_ctx_close(ctx);
+	own_env_close(&e);
 }
 
 /*
@@ -1607,11 +1630,8 @@ TEST(pack_bad_input)
 TEST(pack_legacy)
 {
 	struct tshm_cuda_buf *b;
-	struct tshm_queue *q;
 	struct tshm_cuda *cu;
-	struct tshm_seg *seg;
-	struct tshm_ctx *ctx;
-	struct shared *sh;
+	struct own_env e;
 	struct probe pr;
 	uint64_t seed = 0x9ac40004;
 	size_t size = 3UL << 20, n = size - 8192;
@@ -1619,9 +1639,7 @@ TEST(pack_legacy)
 	pid_t pid;
 
 	NEED_GPU(&pr, 0);
-	ASSERT_EQ(0, tshm_ctx_open(&ctx, 0));
-	ASSERT_EQ(0, tshm_queue_create(ctx, 4, OWN_MAX, &q));
-	ASSERT_NE(NULL, sh = shared_create(ctx, &seg));
+	ASSERT_EQ(0, own_env_open(&e));
 	pid = fork();
 	ASSERT_GE(pid, 0);
 	if (pid == 0) {
@@ -1632,13 +1650,7 @@ TEST(pack_legacy)
 		struct own_rx rx;
 		int ret;
 
-		ret = own_recv(q, &rx, 20000);
-		CK(!ret, "recv %d", ret);
-		CK(rx.nsegs == 1 && rx.nfds == 0, "%u segments, %u fds",
-		   rx.nsegs, rx.nfds);
-		ret = tshm_cuda_buf_unpack(ccu, rx.desc, rx.dlen, rx.segs,
-					   rx.nsegs, rx.fd, &r);
-		CK(!ret, "unpack %d", ret);
+		child_own_unpack(ccu, e.q, &rx, 1, 0, &r);
 		CK(tshm_cuda_buf_kind(r) == TSHM_CUDA_LEGACY, "kind");
 		CK(tshm_cuda_buf_size(r) == n, "size");
 		ret = dev_check(tshm_cuda_buf_ptr(r), n, rx.seed, &bad);
@@ -1659,8 +1671,8 @@ TEST(pack_legacy)
 		tshm_cuda_stats(ccu, &st);
 		CK(st.cached == 0, "cached %llu",
 		   (unsigned long long)st.cached);
-		atomic_store(&sh->v[V_C_GOT], 1);
-		CK(!wait_v(sh, V_STOP, 1, 20000), "never stopped");
+		atomic_store(&e.sh->v[V_C_GOT], 1);
+		CK(!wait_v(e.sh, V_STOP, 1, 20000), "never stopped");
 		tshm_cuda_close(ccu);
 		_exit(0);
 	}
@@ -1668,20 +1680,18 @@ TEST(pack_legacy)
 	ASSERT_EQ(0, dev_set_device(0));
 	ASSERT_EQ(0, dev_malloc(&d, size));
 	ASSERT_EQ(0, dev_fill((char *)d + 4096, n, seed));
-	ASSERT_EQ(0, tshm_cuda_buf_wrap(cu, ctx, (char *)d + 4096, n, &b))
+	ASSERT_EQ(0, tshm_cuda_buf_wrap(cu, e.ctx, (char *)d + 4096, n, &b))
 		TH_LOG("%s", tshm_cuda_last_error());
-	ASSERT_EQ(0, own_send(q, b, seed, 5000));
-	ASSERT_EQ(0, wait_v(sh, V_C_GOT, 1, 20000));
+	ASSERT_EQ(0, own_send(e.q, b, seed, 5000));
+	ASSERT_EQ(0, wait_v(e.sh, V_C_GOT, 1, 20000));
 	/* released while the child lives: the memory may go */
 	ASSERT_EQ(0, tshm_cuda_buf_wait_released(b, 10000));
 	tshm_cuda_buf_unref(b);
 	ASSERT_EQ(0, dev_free(d));
-	atomic_store(&sh->v[V_STOP], 1);
+	atomic_store(&e.sh->v[V_STOP], 1);
 	ASSERT_EQ(0, exit_code(pid));
 	tshm_cuda_close(cu);
-	tshm_queue_unref(q);
-	tshm_seg_unref(seg);
-	tshm_ctx_close(ctx);
+	own_env_close(&e);
 }
 
 /* ---- errors ---- */
