@@ -108,7 +108,7 @@ def test_empty_geometry_of_every_dtype():
                   torch.complex64, torch.complex128]
         g = tc.device(0).granularity
         for dt in dtypes:
-            for shape in [(3, 5), 7, (), (0, 4), (2, 3, 4)]:
+            for shape in [(3, 5), 7, (), (0, 4), (3, 0, 4), (2, 3, 4)]:
                 t = ttc.empty(shape, dtype=dt, device=0)
                 want = torch.empty(shape, dtype=dt)
                 assert (t.shape, t.dtype, t.stride()) == \\

@@ -342,14 +342,6 @@ def _over(buf, ordinal, nbytes, dtype, meta):
     return t
 
 
-def _contiguous_strides(shape):
-    strides, n = [], 1
-    for d in reversed(shape):
-        strides.append(n)
-        n *= d
-    return tuple(reversed(strides))
-
-
 def empty(shape, *, dtype=None, device=None, pool=None, timeout=None,
           requires_grad=False):
     """A contiguous CUDA tensor of shape and dtype (torch's default dtype
@@ -363,9 +355,9 @@ def empty(shape, *, dtype=None, device=None, pool=None, timeout=None,
     if any(d < 0 for d in shape):
         raise ValueError(f"negative dimension in {shape}")
     dtype = torch.get_default_dtype() if dtype is None else dtype
-    nbytes = torch.empty((0,), dtype=dtype).element_size()
-    for d in shape:
-        nbytes *= d
+    # torch's own geometry for the shape, with no memory behind it.
+    like = torch.empty(shape, dtype=dtype, device="meta")
+    nbytes = like.numel() * like.element_size()
     ordinal = _streams.ordinal(device)
     dev = _tcuda.device(ordinal)
     if pool is None:
@@ -379,8 +371,7 @@ def empty(shape, *, dtype=None, device=None, pool=None, timeout=None,
                    f"device {ordinal}")
             buf.close()
             raise ValueError(why)
-    t = _over(buf, ordinal, nbytes, dtype,
-              (0, shape, _contiguous_strides(shape)))
+    t = _over(buf, ordinal, nbytes, dtype, (0, shape, like.stride()))
     t.requires_grad_(requires_grad)
     return t
 
