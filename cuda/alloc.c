@@ -33,17 +33,15 @@ static int anchor_create(struct tshm_ctx *ctx, struct tcu_alloc *a)
 	return 0;
 }
 
-int tcu_alloc_create(struct tshm_cuda *cu, struct tshm_ctx *ctx, size_t size,
-		     struct tcu_alloc **out)
+/* tcu_alloc_create(), in @cu's context. */
+static int alloc_create(struct tshm_cuda *cu, struct tshm_ctx *ctx,
+			size_t size, struct tcu_alloc **out)
 {
 	CUmemAllocationProp prop = { 0 };
 	CUmemAccessDesc acc = { 0 };
 	struct tcu_alloc *a;
 	int ret;
 
-	ret = tshm_cuda_make_current(cu);
-	if (ret)
-		return ret;
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return -ENOMEM;
@@ -96,16 +94,32 @@ err_free:
 	return ret;
 }
 
+int tcu_alloc_create(struct tshm_cuda *cu, struct tshm_ctx *ctx, size_t size,
+		     struct tcu_alloc **out)
+{
+	int ret = tcu_ctx_push(cu);
+
+	if (ret)
+		return ret;
+	ret = alloc_create(cu, ctx, size, out);
+	tcu_ctx_pop();
+	return ret;
+}
+
 void tcu_alloc_put(struct tcu_alloc *a)
 {
 	struct tcu_anchor *an;
+	bool pushed;
 
 	if (!a || atomic_fetch_sub(&a->refs, 1) != 1)
 		return;
-	tcu.cuCtxSetCurrent(a->cu->ctx);
+	/* failing (the driver shutting down), the calls go on regardless */
+	pushed = !tcu_ctx_push(a->cu);
 	tcu.cuMemUnmap(a->ptr, a->size);
 	tcu.cuMemAddressFree(a->ptr, a->size);
 	tcu.cuMemRelease(a->h);
+	if (pushed)
+		tcu_ctx_pop();
 	close(a->fd);
 	/* receivers' caches drop their imports: the memory can go back */
 	an = tshm_seg_data(a->anchor);

@@ -83,24 +83,15 @@ int tshm_cuda_buf_alloc(struct tshm_cuda *cu, struct tshm_ctx *ctx,
 	return 0;
 }
 
-int tshm_cuda_buf_wrap(struct tshm_cuda *cu, struct tshm_ctx *ctx,
-		       void *dptr, size_t size, struct tshm_cuda_buf **out)
+/* tshm_cuda_buf_wrap(), in @cu's context. */
+static int buf_wrap(struct tshm_cuda *cu, struct tshm_ctx *ctx,
+		    CUdeviceptr p, size_t size, struct tshm_cuda_buf **out)
 {
-	CUdeviceptr p = (CUdeviceptr)(uintptr_t)dptr, base = 0;
+	CUdeviceptr base = 0;
 	struct tshm_cuda_buf *b;
 	size_t bsize = 0;
 	int ret;
 
-	if (!out || !cu || !ctx)
-		return -EINVAL;
-	*out = NULL;
-	if (!size) {
-		tcu_err("size 0");
-		return -EINVAL;
-	}
-	ret = tshm_cuda_make_current(cu);
-	if (ret)
-		return ret;
 	ret = CU_CALL(cuMemGetAddressRange(&base, &bsize, p));
 	if (ret)
 		return ret;
@@ -125,6 +116,26 @@ int tshm_cuda_buf_wrap(struct tshm_cuda *cu, struct tshm_ctx *ctx,
 	b->alloc_size = bsize;
 	*out = b;
 	return 0;
+}
+
+int tshm_cuda_buf_wrap(struct tshm_cuda *cu, struct tshm_ctx *ctx,
+		       void *dptr, size_t size, struct tshm_cuda_buf **out)
+{
+	int ret;
+
+	if (!out || !cu || !ctx)
+		return -EINVAL;
+	*out = NULL;
+	if (!size) {
+		tcu_err("size 0");
+		return -EINVAL;
+	}
+	ret = tcu_ctx_push(cu);
+	if (ret)
+		return ret;
+	ret = buf_wrap(cu, ctx, (CUdeviceptr)(uintptr_t)dptr, size, out);
+	tcu_ctx_pop();
+	return ret;
 }
 
 void *tshm_cuda_buf_ptr(const struct tshm_cuda_buf *b)

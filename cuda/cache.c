@@ -24,7 +24,9 @@
 
 void tcu_import_drop(struct tshm_cuda *cu, struct tcu_import *imp)
 {
-	tcu.cuCtxSetCurrent(cu->ctx);
+	/* failing (the driver shutting down), the calls go on regardless */
+	bool pushed = !tcu_ctx_push(cu);
+
 	if (imp->kind == TSHM_CUDA_VMM) {
 		tcu.cuMemUnmap(imp->base, imp->size);
 		tcu.cuMemAddressFree(imp->base, imp->size);
@@ -33,6 +35,8 @@ void tcu_import_drop(struct tshm_cuda *cu, struct tcu_import *imp)
 	} else {
 		tcu.cuIpcCloseMemHandle(imp->base);
 	}
+	if (pushed)
+		tcu_ctx_pop();
 	free(imp);
 }
 
@@ -226,11 +230,13 @@ int tcu_import_get(struct tshm_cuda *cu, const struct tcu_wire *w, int fd,
 	}
 	imp->kind = w->kind;
 	imp->size = w->alloc_size;
-	ret = CU_CALL(cuCtxSetCurrent(cu->ctx));
-	if (!ret)
+	ret = tcu_ctx_push(cu);
+	if (!ret) {
 		ret = w->kind == TSHM_CUDA_VMM ?
 			import_vmm(cu, w, fd, anchor, imp) :
 			open_legacy(cu, w, imp);
+		tcu_ctx_pop();
+	}
 	if (ret) {
 		free(imp);
 		goto out;

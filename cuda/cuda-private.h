@@ -55,6 +55,8 @@ struct tcu_api {
 	TCU_FN(cuDevicePrimaryCtxRetain);
 	TCU_FN(cuDevicePrimaryCtxRelease);
 	TCU_FN(cuCtxSetCurrent);
+	TCU_FN(cuCtxPushCurrent);
+	TCU_FN(cuCtxPopCurrent);
 	TCU_FN(cuMemGetInfo);
 	TCU_FN(cuMemGetAllocationGranularity);
 	TCU_FN(cuMemCreate);
@@ -129,6 +131,16 @@ struct tshm_cuda {
 	struct tcu_import *cache;
 	struct tshm_cuda_stats st;
 };
+
+/*
+ * Run the driver calls that follow in @cu's primary context: push it,
+ * then tcu_ctx_pop() once they are done (only after a push that returned
+ * 0).  The library never changes which context a thread has current, the
+ * CUDA runtime's current device: what was current before (or nothing) is
+ * current again after.
+ */
+int tcu_ctx_push(struct tshm_cuda *cu);
+void tcu_ctx_pop(void);
 
 /* Unmap and free @imp (not on the list any more).  Any thread. */
 void tcu_import_drop(struct tshm_cuda *cu, struct tcu_import *imp);

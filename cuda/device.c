@@ -73,16 +73,11 @@ int tshm_cuda_open(int ordinal, struct tshm_cuda **out)
 	ret = CU_CALL(cuDevicePrimaryCtxRetain(&cu->ctx, cu->dev));
 	if (ret)
 		goto err_free;
-	ret = CU_CALL(cuCtxSetCurrent(cu->ctx));
-	if (ret)
-		goto err_release;
 	cu->gran = vmm_granularity(cu->dev);
 	tcu_fork_register(&cu->fork, &cu->lock);
 	*out = cu;
 	return 0;
 
-err_release:
-	tcu.cuDevicePrimaryCtxRelease(cu->dev);
 err_free:
 	pthread_mutex_destroy(&cu->lock);
 	free(cu);
@@ -94,13 +89,24 @@ int tshm_cuda_make_current(struct tshm_cuda *cu)
 	return CU_CALL(cuCtxSetCurrent(cu->ctx));
 }
 
+int tcu_ctx_push(struct tshm_cuda *cu)
+{
+	return CU_CALL(cuCtxPushCurrent(cu->ctx));
+}
+
+void tcu_ctx_pop(void)
+{
+	CUcontext popped;
+
+	tcu.cuCtxPopCurrent(&popped);
+}
+
 void tshm_cuda_close(struct tshm_cuda *cu)
 {
 	struct tcu_import *imp, *next;
 
 	if (!cu)
 		return;
-	tcu.cuCtxSetCurrent(cu->ctx);
 	for (imp = cu->cache; imp; imp = next) {
 		next = imp->next;
 		tcu_import_drop(cu, imp);
@@ -159,7 +165,11 @@ int64_t tshm_cuda_granularity(struct tshm_cuda *cu)
 
 int tshm_cuda_mem_info(struct tshm_cuda *cu, size_t *free_b, size_t *total_b)
 {
-	int ret = CU_CALL(cuCtxSetCurrent(cu->ctx));
+	int ret = tcu_ctx_push(cu);
 
-	return ret ? ret : CU_CALL(cuMemGetInfo(free_b, total_b));
+	if (ret)
+		return ret;
+	ret = CU_CALL(cuMemGetInfo(free_b, total_b));
+	tcu_ctx_pop();
+	return ret;
 }

@@ -78,6 +78,8 @@ static void load(void)
 	LOAD(cuDevicePrimaryCtxRetain);
 	LOAD(cuDevicePrimaryCtxRelease);
 	LOAD(cuCtxSetCurrent);
+	LOAD(cuCtxPushCurrent);
+	LOAD(cuCtxPopCurrent);
 	LOAD(cuMemGetInfo);
 	LOAD(cuMemGetAllocationGranularity);
 	LOAD(cuMemCreate);

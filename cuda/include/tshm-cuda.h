@@ -57,13 +57,19 @@ const char *tshm_cuda_last_error(void);
 
 /*
  * Load the driver, cuInit(), pick device @ordinal (among those
- * CUDA_VISIBLE_DEVICES leaves visible) and make its primary context current
- * in the calling thread (the one the CUDA runtime uses too).  -ENODEV: no
- * driver, no device or @ordinal out of range; -ENOSYS: driver too old.
+ * CUDA_VISIBLE_DEVICES leaves visible) and retain its primary context (the
+ * one the CUDA runtime uses too).  Every call of this library runs its
+ * driver calls in that context and leaves the calling thread's current
+ * context (the runtime's current device) as it found it, none included.
+ * -ENODEV: no driver, no device or @ordinal out of range; -ENOSYS: driver
+ * too old.
  */
 int tshm_cuda_open(int ordinal, struct tshm_cuda **out);
 void tshm_cuda_close(struct tshm_cuda *cu);
-/* Make the device's primary context current in the calling thread. */
+/*
+ * Make the device's primary context current in the calling thread (for
+ * the caller's own driver calls; this library needs no current context).
+ */
 int tshm_cuda_make_current(struct tshm_cuda *cu);
 int tshm_cuda_device(const struct tshm_cuda *cu);	/* CUdevice */
 void tshm_cuda_uuid(const struct tshm_cuda *cu, uint8_t uuid[16]);

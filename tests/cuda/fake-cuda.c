@@ -160,8 +160,51 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
 	return CUDA_SUCCESS;
 }
 
+/*
+ * The calling thread's context stack, as the driver keeps it: its top is
+ * the current context (none when empty), so a library that changes it and
+ * does not restore it is seen by the tests (context_left_as_found).
+ */
+#define FAKE_CTX_DEPTH	16
+static __thread CUcontext ctx_stack[FAKE_CTX_DEPTH];
+static __thread int ctx_depth;
+
 API CUresult cuCtxSetCurrent(CUcontext c)
 {
+	if (!c) {
+		if (ctx_depth)
+			ctx_depth--;
+	} else if (!ctx_depth) {
+		ctx_stack[ctx_depth++] = c;
+	} else {
+		ctx_stack[ctx_depth - 1] = c;
+	}
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxPushCurrent_v2(CUcontext c)
+{
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (ctx_depth == FAKE_CTX_DEPTH)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	ctx_stack[ctx_depth++] = c;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxPopCurrent_v2(CUcontext *c)
+{
+	if (!ctx_depth)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	ctx_depth--;
+	if (c)
+		*c = ctx_stack[ctx_depth];
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxGetCurrent(CUcontext *c)
+{
+	*c = ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
 	return CUDA_SUCCESS;
 }
 
@@ -235,6 +278,8 @@ API CUresult cuMemGetInfo_v2(size_t *fr, size_t *total)
 	unsigned n = 0, i;
 	DIR *proc;
 
+	if (!ctx_depth)	/* as the driver: these need one */
+		return CUDA_ERROR_INVALID_CONTEXT;
 	/* "/memfd:fake-vram-TAG (deleted)": the space keeps TAG whole */
 	snprintf(want, sizeof(want), "memfd:%s ", vram_name());
 	pthread_mutex_lock(&lock);
@@ -361,6 +406,8 @@ API CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size,
 {
 	struct fake_alloc *a;
 
+	if (!ctx_depth)	/* as the driver: these need one */
+		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&lock);
 	a = find_alloc((uintptr_t)p);
 	if (a) {
@@ -384,6 +431,8 @@ API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
 	struct fake_ipc fi = { .magic = 0xfa4e1bc0 };
 	struct fake_alloc *a;
 
+	if (!ctx_depth)	/* as the driver: these need one */
+		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&lock);
 	a = find_alloc((uintptr_t)p);
 	if (a && a->base == p && a->fd >= 0) {
@@ -407,6 +456,8 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h,
 	void *m;
 	int fd;
 
+	if (!ctx_depth)	/* as the driver: these need one */
+		return CUDA_ERROR_INVALID_CONTEXT;
 	memcpy(&fi, h.reserved, sizeof(fi));
 	if (fi.magic != 0xfa4e1bc0)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -432,6 +483,8 @@ API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 {
 	struct fake_alloc *a;
 
+	if (!ctx_depth)	/* as the driver: these need one */
+		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&lock);
 	a = find_alloc((uintptr_t)p);
 	if (a && a->fd < 0) {

@@ -7,6 +7,7 @@
  * producer where one is needed.
  */
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -46,7 +47,6 @@
 #define dev_free	tk_free
 #define dev_errstr	tk_errstr
 #else
-#include <dlfcn.h>
 #include <limits.h>
 #define FAKE 1
 
@@ -1691,6 +1691,124 @@ TEST(pack_legacy)
 	atomic_store(&e.sh->v[V_STOP], 1);
 	ASSERT_EQ(0, exit_code(pid));
 	tshm_cuda_close(cu);
+	own_env_close(&e);
+}
+
+/* ---- contexts ---- */
+
+/* What current_ctx() answers when it cannot ask the driver. */
+static char no_answer;
+
+/* A function of the driver libtshm-cuda loaded (after tshm_cuda_open()). */
+static void *driver_sym(const char *name)
+{
+	const char *path = getenv("TSHM_CUDA_DRIVER");
+	void *dl = dlopen(path && *path ? path : "libcuda.so.1",
+			  RTLD_NOW | RTLD_NOLOAD);
+	void *fn = dl ? dlsym(dl, name) : NULL;
+
+	if (dl)
+		dlclose(dl);	/* still loaded: libtshm-cuda holds it */
+	return fn;
+}
+
+/* The calling thread's current context (cuCtxGetCurrent), NULL for none. */
+static CUcontext current_ctx(void)
+{
+	CUresult (*get)(CUcontext *) = driver_sym("cuCtxGetCurrent");
+	CUcontext c = (CUcontext)&no_answer;
+
+	if (get && get(&c) != CUDA_SUCCESS)
+		c = (CUcontext)&no_answer;
+	return c;
+}
+
+/* In child processes: the thread's current context is still @want. */
+#define CK_CTX(want, after) \
+	CK(current_ctx() == (want), "current context changed by %s", after)
+
+/*
+ * libtshm-cuda runs its driver calls in the device's primary context and
+ * leaves the calling thread's current context (the CUDA runtime's current
+ * device, which torch relies on) as it found it: a thread with none keeps
+ * none through open, alloc, mem_info, wrap, unpack (an import), the
+ * cache's drop and close, and (on the fake driver, where any pointer
+ * stands for another device's context) another context stays current.
+ * The fake driver, like the real one, refuses the context-bound calls
+ * (cuMemGetInfo, cuMemGetAddressRange, cuIpc*) with none current, so a
+ * call the library forgot to bracket fails here too.
+ */
+TEST(context_left_as_found)
+{
+	struct tshm_cuda_buf *b, *lb;
+	static char other_device;
+	size_t fr = 0, total = 0;
+	struct tshm_cuda *cu;
+	struct own_env e;
+	struct probe pr;
+	CUcontext before;
+	void *d = NULL;
+	pid_t pid;
+
+	NEED_GPU(&pr, 1);
+	ASSERT_EQ(0, own_env_open(&e));
+	pid = fork();
+	ASSERT_GE(pid, 0);
+	if (pid == 0) {
+		struct tshm_cuda *ccu;
+		struct tshm_cuda_buf *r;
+		struct own_rx rx;
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		CK(!tshm_cuda_open(0, &ccu), "open");
+		CK_CTX(NULL, "tshm_cuda_open");
+		child_own_unpack(ccu, e.q, &rx, 2, 1, &r);
+		CK_CTX(NULL, "tshm_cuda_buf_unpack");
+		own_release(&rx);
+		tshm_cuda_buf_unref(r);
+		tshm_cuda_cache_trim(ccu);
+		tshm_cuda_close(ccu);	/* drops the cached import */
+		CK_CTX(NULL, "tshm_cuda_close");
+		_exit(0);
+	}
+	ASSERT_EQ(0, tshm_cuda_open(0, &cu)) TH_LOG("%s", tshm_cuda_last_error());
+	ASSERT_NE((CUcontext)&no_answer, current_ctx());
+	EXPECT_EQ(NULL, current_ctx()) TH_LOG("after tshm_cuda_open");
+	ASSERT_EQ(0, tshm_cuda_mem_info(cu, &fr, &total))
+		TH_LOG("%s", tshm_cuda_last_error());
+	EXPECT_EQ(NULL, current_ctx()) TH_LOG("after tshm_cuda_mem_info");
+	ASSERT_EQ(0, tshm_cuda_buf_alloc(cu, e.ctx, (size_t)pr.gran, &b))
+		TH_LOG("%s", tshm_cuda_last_error());
+	EXPECT_EQ(NULL, current_ctx()) TH_LOG("after tshm_cuda_buf_alloc");
+	ASSERT_EQ(0, own_send(e.q, b, 1, 5000));
+	ASSERT_EQ(0, exit_code(pid));
+	ASSERT_EQ(0, tshm_cuda_buf_wait_released(b, 10000));
+	tshm_cuda_buf_unref(b);		/* frees the allocation */
+	EXPECT_EQ(NULL, current_ctx()) TH_LOG("after the allocation's free");
+
+	/* cudaMalloc makes the runtime's context current on a GPU */
+	ASSERT_EQ(0, dev_malloc(&d, 1UL << 20));
+	before = current_ctx();
+	ASSERT_EQ(0, tshm_cuda_buf_wrap(cu, e.ctx, d, 4096, &lb))
+		TH_LOG("%s", tshm_cuda_last_error());
+	EXPECT_EQ(before, current_ctx()) TH_LOG("after tshm_cuda_buf_wrap");
+	tshm_cuda_buf_unref(lb);
+	ASSERT_EQ(0, dev_free(d));
+
+	if (FAKE) {
+		CUresult (*push)(CUcontext) = driver_sym("cuCtxPushCurrent_v2");
+
+		ASSERT_NE(NULL, push);
+		ASSERT_EQ(CUDA_SUCCESS, push((CUcontext)&other_device));
+		ASSERT_EQ(0, tshm_cuda_buf_alloc(cu, e.ctx, (size_t)pr.gran,
+						 &b));
+		ASSERT_EQ(0, tshm_cuda_mem_info(cu, &fr, &total));
+		tshm_cuda_buf_unref(b);
+		EXPECT_EQ((CUcontext)&other_device, current_ctx());
+	}
+	before = current_ctx();
+	tshm_cuda_close(cu);
+	EXPECT_EQ(before, current_ctx()) TH_LOG("after tshm_cuda_close");
 	own_env_close(&e);
 }
 
