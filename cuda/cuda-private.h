@@ -142,6 +142,9 @@ struct tshm_cuda {
 int tcu_ctx_push(struct tshm_cuda *cu);
 void tcu_ctx_pop(void);
 
+/* The ordinal of the visible device with @uuid (no context made), -EXDEV. */
+int tcu_ordinal_of_uuid(const uint8_t uuid[16]);
+
 /* Unmap and free @imp (not on the list any more).  Any thread. */
 void tcu_import_drop(struct tshm_cuda *cu, struct tcu_import *imp);
 /* The producer freed the allocation (@check_pid: or died). */

@@ -25,7 +25,7 @@ CUDA_HDRS     := cuda/include/tshm-cuda.h cuda/cuda-private.h \
 CUDA_OBJS     := $(patsubst cuda/%.c,$(CUDA_B)/obj/%.o,$(CUDA_SRCS))
 CUDA_CFLAGS   := $(BASE_CFLAGS) $(CFLAGS) $(CUDA_INC) -fPIC
 CUDA_SONAME   := libtshm-cuda.so.0
-CUDA_SO       := $(CUDA_B)/libtshm-cuda.so.0.2
+CUDA_SO       := $(CUDA_B)/libtshm-cuda.so.0.3
 CUDA_A        := $(CUDA_B)/libtshm-cuda.a
 CUDA_LDLIBS   := -ldl -lpthread
 # Test/bench kernels (tests/cuda/tk-kernels.cu; the rule is in

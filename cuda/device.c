@@ -38,6 +38,44 @@ static size_t vmm_granularity(CUdevice dev)
 	return gran;
 }
 
+/* The driver loaded and initialized; *@n: the devices this process sees. */
+static int driver_devices(int *n)
+{
+	int ret = tcu_load();
+
+	if (ret)
+		return ret;
+	ret = CU_CALL(cuInit(0));
+	if (ret)
+		return ret;
+	return CU_CALL(cuDeviceGetCount(n));
+}
+
+int tcu_ordinal_of_uuid(const uint8_t uuid[16])
+{
+	char want[48];
+	CUdevice dev;
+	CUuuid u;
+	int i, n = 0, ret;
+
+	ret = driver_devices(&n);
+	if (ret)
+		return ret;
+	for (i = 0; i < n; i++) {
+		ret = CU_CALL(cuDeviceGet(&dev, i));
+		if (!ret)
+			ret = CU_CALL(cuDeviceGetUuid(&u, dev));
+		if (ret)
+			return ret;
+		if (!memcmp(u.bytes, uuid, 16))
+			return i;
+	}
+	tshm_cuda_uuid_str(uuid, want, sizeof(want));
+	tcu_err("buffer is on %s, none of the %d device(s) this process sees; "
+		"check CUDA_VISIBLE_DEVICES", want, n);
+	return -EXDEV;
+}
+
 int tshm_cuda_open(int ordinal, struct tshm_cuda **out)
 {
 	struct tshm_cuda *cu;
@@ -46,13 +84,7 @@ int tshm_cuda_open(int ordinal, struct tshm_cuda **out)
 	if (!out)
 		return -EINVAL;
 	*out = NULL;
-	ret = tcu_load();
-	if (ret)
-		return ret;
-	ret = CU_CALL(cuInit(0));
-	if (ret)
-		return ret;
-	ret = CU_CALL(cuDeviceGetCount(&n));
+	ret = driver_devices(&n);
 	if (ret)
 		return ret;
 	if (ordinal < 0 || ordinal >= n) {

@@ -215,3 +215,18 @@ int tshm_cuda_buf_unpack(struct tshm_cuda *cu, const void *desc, size_t len,
 		return ret;
 	return tcu_desc_import(cu, &w, segs, fd, out);
 }
+
+int tshm_cuda_desc_device(const void *desc, size_t len)
+{
+	struct tcu_wire w;
+
+	if (len && !desc)
+		return -EINVAL;
+	if (len != sizeof(w))
+		return BAD("buffer description", "%zu bytes, one has %zu", len,
+			   sizeof(w));
+	memcpy(&w, desc, sizeof(w));
+	if (w.magic != TCU_WIRE_MAGIC || w.len)
+		return BAD("buffer description", "magic %#x", w.magic);
+	return tcu_ordinal_of_uuid(w.uuid);
+}

@@ -218,6 +218,16 @@ int tshm_cuda_buf_pack(struct tshm_cuda_buf *buf, void *desc, size_t cap,
 int tshm_cuda_buf_unpack(struct tshm_cuda *cu, const void *desc, size_t len,
 			 struct tshm_seg *const *segs, unsigned nsegs, int fd,
 			 struct tshm_cuda_buf **out);
+/*
+ * Which device the buffer @desc (@len bytes, from tshm_cuda_buf_pack())
+ * lives on: the ordinal tshm_cuda_open() takes in this process, found by
+ * the device's UUID without making a context on any device, so that a
+ * receiver on a machine with several GPUs opens only the one it needs.
+ * -EBADMSG: not a description; -EXDEV: on none of the devices this
+ * process sees (CUDA_VISIBLE_DEVICES); -ENODEV, -ENOSYS: as
+ * tshm_cuda_open().
+ */
+int tshm_cuda_desc_device(const void *desc, size_t len);
 
 /* ---- receiver cache ---- */
 

@@ -201,6 +201,23 @@ fail_desc:
 	return NULL;
 }
 
+/* A static method: needs no open device, and opens none. */
+static PyObject *device_ordinal_of(PyObject *unused, PyObject *args)
+{
+	Py_buffer desc;
+	int ret;
+
+	if (!PyArg_ParseTuple(args, "y*:ordinal_of", &desc))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	ret = tshm_cuda_desc_device(desc.buf, desc.len);
+	Py_END_ALLOW_THREADS
+	PyBuffer_Release(&desc);
+	if (ret < 0)
+		return cuda_raise(ret);
+	return PyLong_FromLong(ret);
+}
+
 static PyObject *device_stats(TshmCudaDevice *self, PyObject *unused)
 {
 	struct tshm_cuda_stats st;
@@ -293,6 +310,10 @@ static PyMethodDef device_methods[] = {
 	{ "unpack", (PyCFunction)device_unpack, METH_VARARGS,
 	  "unpack(desc, segments, fd) -> _CudaBuffer: tshm_cuda_buf_unpack();\n"
 	  "fd stays the caller's." },
+	{ "ordinal_of", (PyCFunction)device_ordinal_of,
+	  METH_VARARGS | METH_STATIC,
+	  "ordinal_of(desc) -> int: the device a packed buffer lives on, by\n"
+	  "its UUID, opening none (tshm_cuda_desc_device())." },
 	{ "stats", (PyCFunction)device_stats, METH_NOARGS,
 	  "The receiver cache's counters (tshm_cuda_stats)." },
 	{ "trim", (PyCFunction)device_trim, METH_NOARGS,

@@ -76,22 +76,7 @@ def available():
 
 def _unpack(desc, segments, fd):
     """The receiving half of a Buffer in a tshm.Queue message: imported on
-    whichever of this process's devices the buffer lives on (those already
-    open first, then the others in order)."""
+    the device it lives on, found by its UUID without opening the others
+    (each opened device costs a CUDA context there)."""
     _require()
-    with _lock:
-        known = sorted(_devices) if _devices_pid == os.getpid() else []
-    for ordinal in known + [i for i in range(64) if i not in known]:
-        try:
-            dev = device(ordinal)
-        except OSError as e:
-            if e.errno == errno.ENODEV:
-                break          # past the last device
-            raise
-        try:
-            return dev.unpack(desc, segments, fd)
-        except OSError as e:
-            if e.errno != errno.EXDEV:
-                raise
-    raise OSError(errno.EXDEV, "the GPU buffer lives on a device this "
-                  "process cannot see (CUDA_VISIBLE_DEVICES?)")
+    return device(Device.ordinal_of(desc)).unpack(desc, segments, fd)

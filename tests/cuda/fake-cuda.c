@@ -20,6 +20,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +67,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 #define API __attribute__((visibility("default")))
 
 int tshm_fake_malloc(void **p, size_t size);
+int tshm_fake_retained(int d);
 int tshm_fake_free(void *p);
 
 static int add_alloc(uintptr_t base, size_t size, int fd)
@@ -118,17 +121,45 @@ API CUresult cuGetErrorString(CUresult r, const char **s)
 	return CUDA_SUCCESS;
 }
 
+/*
+ * $TSHM_FAKE_DEVICES devices (1 unless set, at most FAKE_MAX_DEV), each
+ * with its own UUID and primary context; tshm_fake_retained() tells a test
+ * how many retains of a device's primary context are outstanding (a
+ * receiver must make a context only on the device its buffer lives on).
+ */
+#define FAKE_MAX_DEV	8
+static _Atomic int retained[FAKE_MAX_DEV];
+static char primary[FAKE_MAX_DEV];
+
+static int fake_devices(void)
+{
+	const char *s = getenv("TSHM_FAKE_DEVICES");
+	int n = s ? atoi(s) : 1;
+
+	return n < 1 ? 1 : n > FAKE_MAX_DEV ? FAKE_MAX_DEV : n;
+}
+
+static bool bad_device(CUdevice d)
+{
+	return d < 0 || d >= fake_devices();
+}
+
+API int tshm_fake_retained(int d)
+{
+	return bad_device(d) ? -1 : atomic_load(&retained[d]);
+}
+
 API CUresult cuDeviceGetCount(int *n)
 {
-	*n = 1;
+	*n = fake_devices();
 	return CUDA_SUCCESS;
 }
 
 API CUresult cuDeviceGet(CUdevice *d, int ordinal)
 {
-	if (ordinal != 0)
+	if (bad_device(ordinal))
 		return CUDA_ERROR_INVALID_DEVICE;
-	*d = 0;
+	*d = ordinal;
 	return CUDA_SUCCESS;
 }
 
@@ -136,27 +167,46 @@ API CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d)
 {
 	int i;
 
+	if (bad_device(d))
+		return CUDA_ERROR_INVALID_DEVICE;
 	for (i = 0; i < 16; i++)
 		u->bytes[i] = (char)(0xf0 + i);
+	u->bytes[0] = (char)(0xf0 + d);
 	return CUDA_SUCCESS;
 }
 
 API CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
 {
+	if (bad_device(d))
+		return CUDA_ERROR_INVALID_DEVICE;
 	*v = 1;
 	return CUDA_SUCCESS;
 }
 
 API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 {
-	static int dummy;
-
-	*c = (CUcontext)&dummy;
+	if (bad_device(d))
+		return CUDA_ERROR_INVALID_DEVICE;
+	atomic_fetch_add(&retained[d], 1);
+	*c = (CUcontext)&primary[d];
 	return CUDA_SUCCESS;
 }
 
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
 {
+	if (bad_device(d) || atomic_load(&retained[d]) <= 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	atomic_fetch_sub(&retained[d], 1);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int *flags,
+					int *active)
+{
+	if (bad_device(d))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*flags = 0;
+	*active = atomic_load(&retained[d]) > 0;
 	return CUDA_SUCCESS;
 }
 

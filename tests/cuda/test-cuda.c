@@ -1812,6 +1812,88 @@ TEST(context_left_as_found)
 	own_env_close(&e);
 }
 
+/* In a child that made none: is a primary context active on ordinal 0? */
+static int primary_active(void)
+{
+	CUresult (*get_dev)(CUdevice *, int) = driver_sym("cuDeviceGet");
+	CUresult (*state)(CUdevice, unsigned int *, int *) =
+		driver_sym("cuDevicePrimaryCtxGetState");
+	unsigned int flags;
+	CUdevice dev;
+	int active = -1;
+
+	if (!get_dev || !state || get_dev(&dev, 0) != CUDA_SUCCESS ||
+	    state(dev, &flags, &active) != CUDA_SUCCESS)
+		return -1;
+	return active;
+}
+
+/*
+ * tshm_cuda_desc_device() names the device a description's buffer lives
+ * on by its UUID and makes no context anywhere: a child that opened
+ * nothing asks, and no primary context is active after.  A forged UUID is
+ * -EXDEV with the reason; a short or foreign description -EBADMSG.
+ */
+TEST(desc_device_opens_nothing)
+{
+	struct tshm_seg *segs[TSHM_CUDA_PACK_SEGS];
+	unsigned nsegs = TSHM_CUDA_PACK_SEGS;
+	struct tshm_cuda_buf *b;
+	struct tshm_cuda *cu;
+	struct tshm_ctx *ctx;
+	struct probe pr;
+	char desc[TSHM_CUDA_DESC_SIZE];
+	int p[2], n, fd;
+	pid_t pid;
+
+	NEED_GPU(&pr, 1);
+	ASSERT_EQ(0, pipe(p));
+	pid = fork();
+	ASSERT_GE(pid, 0);
+	if (pid == 0) {
+		struct tcu_wire w;
+		int ret;
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		close(p[1]);
+		n = (int)read(p[0], desc, sizeof(desc));
+		CK(n == (int)sizeof(w), "read %d", n);
+		ret = tshm_cuda_desc_device(desc, n);
+		CK(ret == 0, "desc_device %d", ret);
+		CK(primary_active() == 0, "a primary context is active: %d",
+		   primary_active());
+		memcpy(&w, desc, sizeof(w));
+		w.uuid[0] ^= 0xff;
+		ret = tshm_cuda_desc_device(&w, sizeof(w));
+		CK(ret == -EXDEV, "forged UUID %d", ret);
+		CK(strstr(tshm_cuda_last_error(), "CUDA_VISIBLE_DEVICES"),
+		   "no reason");
+		printf("# %s\n", tshm_cuda_last_error());
+		fflush(stdout);
+		CK(tshm_cuda_desc_device(desc, n - 1) == -EBADMSG, "short");
+		memcpy(&w, desc, sizeof(w));
+		w.magic ^= 1;
+		CK(tshm_cuda_desc_device(&w, sizeof(w)) == -EBADMSG, "magic");
+		CK(tshm_cuda_desc_device(NULL, 1) == -EINVAL, "NULL");
+		CK(primary_active() == 0, "a primary context is active");
+		_exit(0);
+	}
+	close(p[0]);
+	ASSERT_EQ(0, tshm_ctx_open(&ctx, 0));
+	ASSERT_EQ(0, tshm_cuda_open(0, &cu)) TH_LOG("%s", tshm_cuda_last_error());
+	ASSERT_EQ(0, tshm_cuda_buf_alloc(cu, ctx, (size_t)pr.gran, &b))
+		TH_LOG("%s", tshm_cuda_last_error());
+	n = tshm_cuda_buf_pack(b, desc, sizeof(desc), segs, &nsegs, &fd);
+	ASSERT_LT(0, n) TH_LOG("%s", tshm_cuda_last_error());
+	ASSERT_EQ(0, tshm_cuda_desc_device(desc, n));
+	ASSERT_EQ(n, write(p[1], desc, n));
+	close(p[1]);
+	ASSERT_EQ(0, exit_code(pid));
+	tshm_cuda_buf_unref(b);
+	tshm_cuda_close(cu);
+	tshm_ctx_close(ctx);
+}
+
 /* ---- errors ---- */
 
 /*

@@ -43,23 +43,25 @@ def check(buf, byte):
 """
 
 
-def run_python(code, fake, timeout):
-    """Run code in a new python3, on the fake driver if fake (each test
-    its own fake device memory); its stdout."""
+def run_python(code, fake, timeout, devices=1):
+    """Run code in a new python3, on the fake driver with that many
+    devices if fake (each test its own fake device memory); its stdout."""
     env = dict(os.environ)
     if fake:
         env.update(TSHM_CUDA_DRIVER=str(FAKE),
-                   TSHM_FAKE_VRAM_TAG=f"py{os.getpid()}")
+                   TSHM_FAKE_VRAM_TAG=f"py{os.getpid()}",
+                   TSHM_FAKE_DEVICES=str(devices))
     p = subprocess.run([sys.executable, "-c", code], env=env,
                        capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout
 
 
-def run_fake(code, timeout=120):
+def run_fake(code, timeout=120, devices=1):
     """Run code (after PRELUDE) in a new python3 on the fake driver;
     its stdout."""
-    return run_python(PRELUDE + textwrap.dedent(code), True, timeout)
+    return run_python(PRELUDE + textwrap.dedent(code), True, timeout,
+                      devices)
 
 
 # -- the queue's fds -------------------------------------------------------
@@ -173,6 +175,33 @@ def test_producer_exits_right_after_sending():
         check(r, 0xc3)
         r.close()
         """)
+
+
+@needs_fake
+def test_receiver_opens_only_the_buffers_device():
+    """With two GPUs, a buffer of device 1 is imported there and device 0
+    is never opened: each opened device costs a CUDA context (memory on
+    that GPU), which a receiver must not make where it has no use."""
+    run_fake("""
+        retained = ctypes.CDLL(os.environ["TSHM_CUDA_DRIVER"]) \
+            .tshm_fake_retained
+        q = tshm.Queue(4)
+        pid = os.fork()
+        if pid == 0:
+            dev = tc.device(1)
+            b = dev.alloc(dev.granularity)
+            fill(b, 0x17)
+            q.put(b)
+            b.close()
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        r = q.get(timeout=30)
+        assert r.device.ordinal == 1
+        check(r, 0x17)
+        assert (retained(0), retained(1)) == (0, 1), \
+            (retained(0), retained(1))
+        r.close()
+        """, devices=2)
 
 
 @needs_fake
