@@ -51,28 +51,64 @@ static int driver_devices(int *n)
 	return CU_CALL(cuDeviceGetCount(n));
 }
 
+/*
+ * The UUIDs of the devices this process sees, read once: the set does not
+ * change after cuInit() (which reads CUDA_VISIBLE_DEVICES), and a receiver
+ * asks for every buffer it is sent (tshm_cuda_desc_device()), which then
+ * costs no driver call.  A device whose UUID cannot be read is left out.
+ */
+static struct {
+	pthread_once_t once;
+	int err;		/* driver_devices()'s, with its message */
+	char msg[256];
+	int n;
+	CUuuid *uuid;
+	bool *seen;
+} visible = { .once = PTHREAD_ONCE_INIT };
+
+static void read_visible(void)
+{
+	CUdevice dev;
+	int i, n = 0;
+
+	visible.err = driver_devices(&n);
+	if (!visible.err && n > 0) {
+		visible.uuid = calloc((size_t)n, sizeof(*visible.uuid));
+		visible.seen = calloc((size_t)n, sizeof(*visible.seen));
+		if (!visible.uuid || !visible.seen) {
+			tcu_err("out of memory");
+			visible.err = -ENOMEM;
+		}
+	}
+	if (visible.err) {
+		snprintf(visible.msg, sizeof(visible.msg), "%s",
+			 tshm_cuda_last_error());
+		return;
+	}
+	for (i = 0; i < n; i++)
+		visible.seen[i] =
+			tcu.cuDeviceGet(&dev, i) == CUDA_SUCCESS &&
+			tcu.cuDeviceGetUuid(&visible.uuid[i], dev) ==
+			CUDA_SUCCESS;
+	visible.n = n;
+}
+
 int tcu_ordinal_of_uuid(const uint8_t uuid[16])
 {
 	char want[48];
-	CUdevice dev;
-	CUuuid u;
-	int i, n = 0, ret;
+	int i;
 
-	ret = driver_devices(&n);
-	if (ret)
-		return ret;
-	for (i = 0; i < n; i++) {
-		ret = CU_CALL(cuDeviceGet(&dev, i));
-		if (!ret)
-			ret = CU_CALL(cuDeviceGetUuid(&u, dev));
-		if (ret)
-			return ret;
-		if (!memcmp(u.bytes, uuid, 16))
-			return i;
+	pthread_once(&visible.once, read_visible);
+	if (visible.err) {
+		tcu_err("%s", visible.msg);
+		return visible.err;
 	}
+	for (i = 0; i < visible.n; i++)
+		if (visible.seen[i] && !memcmp(visible.uuid[i].bytes, uuid, 16))
+			return i;
 	tshm_cuda_uuid_str(uuid, want, sizeof(want));
 	tcu_err("buffer is on %s, none of the %d device(s) this process sees; "
-		"check CUDA_VISIBLE_DEVICES", want, n);
+		"check CUDA_VISIBLE_DEVICES", want, visible.n);
 	return -EXDEV;
 }
 
@@ -105,11 +141,17 @@ int tshm_cuda_open(int ordinal, struct tshm_cuda **out)
 	ret = CU_CALL(cuDevicePrimaryCtxRetain(&cu->ctx, cu->dev));
 	if (ret)
 		goto err_free;
+	ret = tcu_ctx_push(cu);
+	if (ret)
+		goto err_release;
 	cu->gran = vmm_granularity(cu->dev);
+	tcu_ctx_pop();
 	tcu_fork_register(&cu->fork, &cu->lock);
 	*out = cu;
 	return 0;
 
+err_release:
+	tcu.cuDevicePrimaryCtxRelease(cu->dev);
 err_free:
 	pthread_mutex_destroy(&cu->lock);
 	free(cu);

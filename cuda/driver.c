@@ -2,9 +2,10 @@
 /*
  * The CUDA driver, loaded at run time, and what its errors become.
  *
- * The driver API is dlopen("libcuda.so.1")ed at tshm_cuda_open() time,
- * never linked: a program starts on a machine without the NVIDIA driver
- * and gets -ENODEV, never a loader failure (and never the stub from
+ * The driver API is dlopen("libcuda.so.1")ed by the first
+ * tshm_cuda_open() or tshm_cuda_desc_device(), never linked: a program
+ * starts on a machine without the NVIDIA driver and gets -ENODEV, never
+ * a loader failure (and never the stub from
  * $(CUDA_HOME)/lib64/stubs, which is not named libcuda.so.1).
  * TSHM_CUDA_DRIVER names another library (the tests' fake driver).
  */

@@ -226,7 +226,14 @@ int tshm_cuda_desc_device(const void *desc, size_t len)
 		return BAD("buffer description", "%zu bytes, one has %zu", len,
 			   sizeof(w));
 	memcpy(&w, desc, sizeof(w));
-	if (w.magic != TCU_WIRE_MAGIC || w.len)
+	/* its head only: unpack checks the rest against its segments */
+	if (w.magic != TCU_WIRE_MAGIC)
 		return BAD("buffer description", "magic %#x", w.magic);
+	if (w.len)
+		return BAD("buffer description", "a channel message's head");
+	if (w.kind != TSHM_CUDA_VMM && w.kind != TSHM_CUDA_LEGACY)
+		return BAD("buffer description", "buffer kind %u", w.kind);
+	if (w.pad || w.pad2)
+		return BAD("buffer description", "reserved fields set");
 	return tcu_ordinal_of_uuid(w.uuid);
 }

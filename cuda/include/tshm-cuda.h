@@ -223,9 +223,11 @@ int tshm_cuda_buf_unpack(struct tshm_cuda *cu, const void *desc, size_t len,
  * lives on: the ordinal tshm_cuda_open() takes in this process, found by
  * the device's UUID without making a context on any device, so that a
  * receiver on a machine with several GPUs opens only the one it needs.
- * -EBADMSG: not a description; -EXDEV: on none of the devices this
- * process sees (CUDA_VISIBLE_DEVICES); -ENODEV, -ENOSYS: as
- * tshm_cuda_open().
+ * The devices' UUIDs are read once per process: a call makes no driver
+ * call after the first.  -EBADMSG: not a description (its head is
+ * checked; tshm_cuda_buf_unpack() checks the rest); -EXDEV: on none of
+ * the devices this process sees (CUDA_VISIBLE_DEVICES); -EINVAL: @desc
+ * NULL with @len not 0; -ENODEV, -ENOSYS: as tshm_cuda_open().
  */
 int tshm_cuda_desc_device(const void *desc, size_t len);
 

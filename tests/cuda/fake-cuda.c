@@ -219,6 +219,15 @@ API CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int *flags,
 static __thread CUcontext ctx_stack[FAKE_CTX_DEPTH];
 static __thread int ctx_depth;
 
+/* @c is a device's primary context that someone still retains. */
+static bool primary_live(CUcontext c)
+{
+	char *p = (char *)c;
+
+	return p >= primary && p < primary + FAKE_MAX_DEV &&
+	       atomic_load(&retained[p - primary]) > 0;
+}
+
 API CUresult cuCtxSetCurrent(CUcontext c)
 {
 	if (!c) {
@@ -234,7 +243,11 @@ API CUresult cuCtxSetCurrent(CUcontext c)
 
 API CUresult cuCtxPushCurrent_v2(CUcontext c)
 {
-	if (!c)
+	char *p = (char *)c;
+
+	/* a primary context released by all is destroyed */
+	if (!c || (p >= primary && p < primary + FAKE_MAX_DEV &&
+		   !primary_live(c)))
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (ctx_depth == FAKE_CTX_DEPTH)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -256,6 +269,17 @@ API CUresult cuCtxGetCurrent(CUcontext *c)
 {
 	*c = ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
 	return CUDA_SUCCESS;
+}
+
+/*
+ * The calls that work in the current context need one: stricter than the
+ * driver (which lets some VMM calls run without), so that a library call
+ * that forgot to push its own fails here even on a thread where some
+ * other context is current.
+ */
+static bool ctx_ok(void)
+{
+	return ctx_depth && primary_live(ctx_stack[ctx_depth - 1]);
 }
 
 struct vram_seen {
@@ -328,7 +352,7 @@ API CUresult cuMemGetInfo_v2(size_t *fr, size_t *total)
 	unsigned n = 0, i;
 	DIR *proc;
 
-	if (!ctx_depth)	/* as the driver: these need one */
+	if (!ctx_ok())
 		return CUDA_ERROR_INVALID_CONTEXT;
 	/* "/memfd:fake-vram-TAG (deleted)": the space keeps TAG whole */
 	snprintf(want, sizeof(want), "memfd:%s ", vram_name());
@@ -350,6 +374,8 @@ API CUresult cuMemGetInfo_v2(size_t *fr, size_t *total)
 API CUresult cuMemGetAllocationGranularity(size_t *g,
 		const CUmemAllocationProp *p, CUmemAllocationGranularity_flags f)
 {
+	if (!ctx_ok())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	*g = FAKE_GRAN;
 	return CUDA_SUCCESS;
 }
@@ -359,6 +385,8 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 {
 	int fd;
 
+	if (!ctx_ok())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	if (!size || size % FAKE_GRAN)
 		return CUDA_ERROR_INVALID_VALUE;
 	fd = vram_create(size);
@@ -370,12 +398,16 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 
 API CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
+	if (!ctx_ok())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	return close((int)h - 1) ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
 }
 
 API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align,
 				 CUdeviceptr addr, unsigned long long f)
 {
+	if (!ctx_ok())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
 		       MAP_NORESERVE, -1, 0);
 
@@ -387,6 +419,8 @@ API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align,
 
 API CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
 {
+	if (!ctx_ok())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	return munmap((void *)(uintptr_t)p, size) ? CUDA_ERROR_INVALID_VALUE :
 		CUDA_SUCCESS;
 }
@@ -397,6 +431,8 @@ API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off,
 	struct stat st;
 	int fd = (int)h - 1;
 
+	if (!ctx_ok())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	if (fstat(fd, &st) || (size_t)st.st_size < size + off)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (mmap((void *)(uintptr_t)p, size, PROT_READ | PROT_WRITE,
@@ -407,6 +443,8 @@ API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off,
 
 API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
 {
+	if (!ctx_ok())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	if (mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE |
 		 MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -416,6 +454,8 @@ API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
 API CUresult cuMemSetAccess(CUdeviceptr p, size_t size,
 			    const CUmemAccessDesc *d, size_t n)
 {
+	if (!ctx_ok())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	return CUDA_SUCCESS;
 }
 
@@ -425,6 +465,8 @@ API CUresult cuMemExportToShareableHandle(void *out,
 {
 	int fd;
 
+	if (!ctx_ok())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 		return CUDA_ERROR_NOT_SUPPORTED;
 	fd = dup((int)h - 1);
@@ -440,6 +482,8 @@ API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h,
 	int fd = (int)(uintptr_t)handle, nfd;
 	char path[64], link[64] = "";
 
+	if (!ctx_ok())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 	if (readlink(path, link, sizeof(link) - 1) < 0 ||
 	    !strstr(link, "fake-vram"))
@@ -456,7 +500,7 @@ API CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size,
 {
 	struct fake_alloc *a;
 
-	if (!ctx_depth)	/* as the driver: these need one */
+	if (!ctx_ok())
 		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&lock);
 	a = find_alloc((uintptr_t)p);
@@ -481,7 +525,7 @@ API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
 	struct fake_ipc fi = { .magic = 0xfa4e1bc0 };
 	struct fake_alloc *a;
 
-	if (!ctx_depth)	/* as the driver: these need one */
+	if (!ctx_ok())
 		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&lock);
 	a = find_alloc((uintptr_t)p);
@@ -506,7 +550,7 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h,
 	void *m;
 	int fd;
 
-	if (!ctx_depth)	/* as the driver: these need one */
+	if (!ctx_ok())
 		return CUDA_ERROR_INVALID_CONTEXT;
 	memcpy(&fi, h.reserved, sizeof(fi));
 	if (fi.magic != 0xfa4e1bc0)
@@ -533,7 +577,7 @@ API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 {
 	struct fake_alloc *a;
 
-	if (!ctx_depth)	/* as the driver: these need one */
+	if (!ctx_ok())
 		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&lock);
 	a = find_alloc((uintptr_t)p);
