@@ -2234,9 +2234,15 @@ static void op_scm_recv(void)
 		struct tshm_attach a = { .argsz = sizeof(a), .id = m.id };
 		int fd = -1;
 
-		/* Someone else on the shared context may have used it first. */
+		/*
+		 * Someone else on the shared context may have used it first
+		 * (ENOENT), or used the writable grant while another worker's
+		 * read-only grant of the same segment sat there for a moment
+		 * (grant, then drop at once): EACCES, the ABI's answer to a
+		 * writable attach where only read-only grants are left.
+		 */
 		e = xioctl_ret(W.ctxs[0].fd, TSHM_IOC_ATTACH, &a, &fd);
-		if (expect(attach_handle, e, 0, ENOENT, OK_RES) && !e)
+		if (expect(attach_handle, e, 0, ENOENT, EACCES, OK_RES) && !e)
 			attach_got(&a, fd, m.id, false, K_attach_handle);
 		return;
 	}
