@@ -62,8 +62,10 @@ static struct {
 	int err;		/* driver_devices()'s, with its message */
 	char msg[256];
 	int n;
-	CUuuid *uuid;
-	bool *seen;
+	struct {
+		CUuuid uuid;
+		bool read;
+	} *dev;
 } visible = { .once = PTHREAD_ONCE_INIT };
 
 static void read_visible(void)
@@ -73,9 +75,8 @@ static void read_visible(void)
 
 	visible.err = driver_devices(&n);
 	if (!visible.err && n > 0) {
-		visible.uuid = calloc((size_t)n, sizeof(*visible.uuid));
-		visible.seen = calloc((size_t)n, sizeof(*visible.seen));
-		if (!visible.uuid || !visible.seen) {
+		visible.dev = calloc((size_t)n, sizeof(*visible.dev));
+		if (!visible.dev) {
 			tcu_err("out of memory");
 			visible.err = -ENOMEM;
 		}
@@ -86,9 +87,9 @@ static void read_visible(void)
 		return;
 	}
 	for (i = 0; i < n; i++)
-		visible.seen[i] =
+		visible.dev[i].read =
 			tcu.cuDeviceGet(&dev, i) == CUDA_SUCCESS &&
-			tcu.cuDeviceGetUuid(&visible.uuid[i], dev) ==
+			tcu.cuDeviceGetUuid(&visible.dev[i].uuid, dev) ==
 			CUDA_SUCCESS;
 	visible.n = n;
 }
@@ -104,7 +105,8 @@ int tcu_ordinal_of_uuid(const uint8_t uuid[16])
 		return visible.err;
 	}
 	for (i = 0; i < visible.n; i++)
-		if (visible.seen[i] && !memcmp(visible.uuid[i].bytes, uuid, 16))
+		if (visible.dev[i].read &&
+		    !memcmp(visible.dev[i].uuid.bytes, uuid, 16))
 			return i;
 	tshm_cuda_uuid_str(uuid, want, sizeof(want));
 	tcu_err("buffer is on %s, none of the %d device(s) this process sees; "

@@ -219,13 +219,21 @@ API CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int *flags,
 static __thread CUcontext ctx_stack[FAKE_CTX_DEPTH];
 static __thread int ctx_depth;
 
-/* @c is a device's primary context that someone still retains. */
-static bool primary_live(CUcontext c)
+/* The device whose primary context @c is, or -1. */
+static int primary_of(CUcontext c)
 {
 	char *p = (char *)c;
 
-	return p >= primary && p < primary + FAKE_MAX_DEV &&
-	       atomic_load(&retained[p - primary]) > 0;
+	return p >= primary && p < primary + FAKE_MAX_DEV ?
+		(int)(p - primary) : -1;
+}
+
+/* @c is a device's primary context that someone still retains. */
+static bool primary_live(CUcontext c)
+{
+	int d = primary_of(c);
+
+	return d >= 0 && atomic_load(&retained[d]) > 0;
 }
 
 API CUresult cuCtxSetCurrent(CUcontext c)
@@ -243,11 +251,8 @@ API CUresult cuCtxSetCurrent(CUcontext c)
 
 API CUresult cuCtxPushCurrent_v2(CUcontext c)
 {
-	char *p = (char *)c;
-
 	/* a primary context released by all is destroyed */
-	if (!c || (p >= primary && p < primary + FAKE_MAX_DEV &&
-		   !primary_live(c)))
+	if (!c || (primary_of(c) >= 0 && !primary_live(c)))
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (ctx_depth == FAKE_CTX_DEPTH)
 		return CUDA_ERROR_OUT_OF_MEMORY;
