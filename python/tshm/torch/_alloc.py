@@ -91,9 +91,15 @@ class _Arena:
 
 def new_shared(nbytes):
     """A new UntypedStorage of nbytes in tshm shared memory."""
+    return new_shared_view(nbytes)[0]
+
+
+def new_shared_view(nbytes):
+    """new_shared(), and the memoryview the storage holds: (storage,
+    view).  The view lives exactly as long as a storage over it."""
     global _current
     if nbytes > SMALL_MAX:
-        return storage_over(Segment(nbytes, "tshm.torch"), 0, nbytes)[0]
+        return storage_over(Segment(nbytes, "tshm.torch"), 0, nbytes)
     size = _size_class(max(nbytes, 1))
     with _lock:
         arena = _current
@@ -104,7 +110,7 @@ def new_shared(nbytes):
             off = arena.take(size)
     storage, view = storage_over(arena.seg, off, nbytes)
     weakref.finalize(view, arena.give_back, size, off)
-    return storage
+    return storage, view
 
 
 def retire_current():

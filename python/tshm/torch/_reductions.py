@@ -22,7 +22,7 @@ import torch.multiprocessing
 import torch.multiprocessing.reductions as _torch_red
 
 from .._tshm import _locate_address
-from . import _alloc, cuda
+from . import _alloc, _mirror, cuda
 
 STRATEGY = "tshm"
 
@@ -45,14 +45,14 @@ def _shareable(tensor):
 
 
 def move_to_segment(tensor):
-    """Move tensor's storage into tshm memory, in place (as torch's
-    share_memory_() does): the tensor keeps its size, stride and offset."""
+    """Move tensor into tshm memory, in place (as torch's share_memory_()
+    does): it keeps its size, stride, offset and values, and points into
+    its storage's mirror (tshm/torch/_mirror.py), where the other tensors
+    over that storage that are moved point too."""
     old = _alloc.untyped(tensor)
-    n = old.nbytes()
-    if n == 0 or locate(old) is not None:
+    if old.nbytes() == 0 or locate(old) is not None:
         return tensor
-    new = _alloc.new_shared(n)
-    new.copy_(old)
+    new = _mirror.storage_for(tensor, old)
     moved = torch.empty((0,), dtype=tensor.dtype)
     moved.set_(new, tensor.storage_offset(), tensor.size(), tensor.stride())
     # Not tensor.set_(): an in-place op bumps the version counter, and a
