@@ -11,11 +11,13 @@
       /usr/bin/python3 bench/torch-bench.py --quick --rows queue
 
 Rows:
-* queue latency: a tensor through a Queue to a worker, which answers with
-  a small int on a second queue; the time of that round trip per tensor
-  (4 KiB, 1 MiB, 64 MiB), the same tensor re-sent or a fresh one each
-  time; each cell the median of ROUNDS runs taken in turn with the
-  other columns'.  The queues are those each strategy's user makes: torch's
+* queue latency: one-way, a tensor through a Queue to a worker: from
+  just before put() in the sender to just after get() returned in the
+  worker (time.perf_counter(), CLOCK_MONOTONIC, one clock for every
+  process; the worker sends its reading back on a second queue, after
+  the clock stopped), per tensor of 4 KiB, 1 MiB, 64 MiB, the same
+  tensor re-sent or a fresh one each time; each cell the median of
+  ROUNDS runs taken in turn with the other columns'.  The queues are those each strategy's user makes: torch's
   (multiprocessing's, a pipe) for file_descriptor and file_system,
   tshm.torch.get_context("fork").Queue() for tshm;
 * DataLoader throughput (batches/s, 2 workers, fork; tshm with
@@ -60,9 +62,10 @@ def use(strategy):
 def _echo(q, r):
     while True:
         t = q.get()
+        got = time.perf_counter()
         if t is None:
             return
-        r.put(int(t.numel()))
+        r.put(got)
         del t
 
 
@@ -90,8 +93,7 @@ def queue_latency(strategy, nbytes, resend, iters):
         t = same if resend else torch.ones(numel)
         t0 = time.perf_counter()
         q.put(t)
-        r.get()
-        times.append(time.perf_counter() - t0)
+        times.append(r.get() - t0)
         del t
     q.put(None)
     p.join()
