@@ -7,6 +7,7 @@ allocation from tshm segments (small storages sub-allocated), and
 DataLoader workers through tshm.torch.get_context() for every start
 method.  Skipped where Debian's python3-torch is missing."""
 
+import os
 import queue
 import subprocess
 import sys
@@ -118,6 +119,30 @@ def test_views_noncontiguous_empty_parameter():
         _roundtrip(p * 2)
 
 
+def test_conjugate_and_negative_views_read_the_same_on_both_sides():
+    """x.conj() and x._neg_view() are x's memory read through a bit:
+    moving one into a segment keeps the bit (the sender's tensor reads
+    what it read), and the receiver's tensor carries it too (torch's own
+    reducer drops it there).  A named tensor is refused as torch refuses
+    it, before anything moves or is queued."""
+    q = tshm.torch.get_context("fork").SimpleQueue()
+    cases = [torch.tensor([1 + 2j, 3 - 4j]).conj(),
+             torch.tensor([1.0, -2.0])._neg_view(),
+             torch.tensor([1 + 2j, 5j]).conj()._neg_view()]
+    for x in cases:
+        want = x.resolve_conj().resolve_neg().clone()
+        q.put(x)
+        got = q.get()
+        for t in (x, got):
+            assert torch.equal(t.resolve_conj().resolve_neg(), want)
+            assert (t.is_conj(), t.is_neg()) == (x.is_conj(), x.is_neg())
+    with pytest.warns(UserWarning, match="Named tensors"):
+        named = torch.zeros(3, names=("n",))
+    with pytest.raises(RuntimeError, match="Named tensors"):
+        q.put(named)
+    assert q.empty() and segment_of(named) is None
+
+
 def test_dtype_view_of_odd_sized_storage():
     """A storage that is not a whole number of the tensor's elements (a
     dtype view of an odd-sized byte storage) arrives: it was put without
@@ -181,16 +206,14 @@ def test_small_storages_share_an_arena():
     # Slices never overlap.
     spans = sorted((s.data_ptr(), s.data_ptr() + s.nbytes()) for s in small)
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
-    # A freed slice is reused while the arena never left the process...
+    # A freed slice is never handed out again: whoever reached it through
+    # the segment (a receiver, a numpy array) may still hold it.
     ptr = small[2].data_ptr()
     del small[2]
     again = torch.UntypedStorage._new_shared(4096)
-    assert again.data_ptr() == ptr
-    # ...and never once it was sent: a receiver may still hold it.
-    _roundtrip(again)
-    del again
-    fresh = torch.UntypedStorage._new_shared(4096)
-    assert fresh.data_ptr() != ptr
+    assert again.data_ptr() != ptr
+    with pytest.raises(RuntimeError, match="-1 bytes"):
+        torch.UntypedStorage._new_shared(-1)
 
 
 def test_uninstalled_is_torch():
@@ -355,6 +378,31 @@ def test_context_queue_api():
     sq.put(t)
     assert sq.empty() is False and torch.equal(sq.get(), t)
     assert isinstance(ctx.Queue(), tshm.torch._mpqueue.Queue)
+
+
+def _fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_context_queue_spilled_put_that_fails_leaves_nothing():
+    """A put of an object too big for a message (spilled, its tensor's
+    segment through the resource sharer) that times out takes back what
+    it handed to the resource sharer: no fd, no segment left pinned."""
+    ctx = tshm.torch.get_context("fork")
+    q = ctx.Queue(1)
+    q.put("filler")
+    big = (list(range(300000)), torch.ones(100000))
+    with pytest.raises(queue.Full):
+        q.put(big, timeout=0.001)            # starts the resource sharer
+    before = _fds()
+    for _ in range(20):
+        with pytest.raises(queue.Full):
+            q.put(big, timeout=0.001)
+    assert _fds() == before
+    assert q.get() == "filler"
+    q.put(big)
+    got = q.get(timeout=10)
+    assert got[0] == big[0] and torch.equal(got[1], big[1])
 
 
 def test_context_queue_closed_and_negative_timeouts():

@@ -45,6 +45,46 @@ def test_chunks_of_one_tensor_share_one_segment(q):
     for c, g, w in zip(chunks, got, want):
         assert torch.equal(c, w) and torch.equal(g, w)
         assert c.storage_offset() == g.storage_offset()
+    # One StorageImpl, as torch's shared views have: torch.save() and
+    # deepcopy() see one storage, not 16.
+    assert len({untyped(c)._cdata for c in chunks}) == 1
+
+
+def test_views_sent_as_temporaries_share_one_segment(q):
+    """q.put(big[i:j]) with nothing keeping the view: the mirror lives as
+    long as big does, so every chunk goes into it."""
+    big = torch.arange(1 << 18, dtype=torch.float32)    # 1 MiB
+    n = big.numel() // 8
+    got = [roundtrip(q, big[i * n:(i + 1) * n]) for i in range(8)]
+    assert len({segment_of(g).id for g in got}) == 1
+    assert torch.equal(torch.cat(got), big)
+
+
+def test_a_storage_resized_after_a_send_can_be_sent(q):
+    """resize_() reallocates the storage in place (same StorageImpl): its
+    old mirror no longer fits and a new one is made."""
+    x = torch.arange(10.0)
+    head = x[0:5]
+    roundtrip(q, head)
+    x.resize_(1000)
+    x[500:] = 2.0
+    want = x.clone()
+    got = roundtrip(q, x)
+    assert torch.equal(x, want) and torch.equal(got, want)
+    assert torch.equal(head, torch.arange(5.0))
+
+
+def test_the_mirror_outside_a_span_is_zeros(q):
+    """A receiver reaching through its storage past the bytes it was sent
+    reads zeros, never a dead tensor's bytes (small storages are slices
+    of arenas: a slice is never handed out twice)."""
+    tshm.torch._alloc.retire_current()      # an arena never sent
+    secret = torch.full((16,), 7.0).share_memory_()
+    del secret
+    z = torch.ones(16)
+    got = roundtrip(q, z[0:2])
+    whole = torch.empty((0,)).set_(untyped(got), 0, (16,))
+    assert whole.tolist() == [1.0, 1.0] + [0.0] * 14
 
 
 def test_overlapping_views_share_memory_at_the_receiver():
@@ -84,6 +124,20 @@ def test_a_send_never_changes_what_a_tensor_reads(q):
     assert torch.equal(x, torch.ones(10)) and torch.equal(got, x)
     assert torch.equal(y, torch.zeros(10))
     assert not same_memory(x, y)
+
+
+def test_a_tensor_that_disagrees_leaves_the_mirror_to_the_others(q):
+    """od disagrees with the mirror on bytes of its span a receiver wrote
+    (through ev's copy): od gets a mirror of its own, and x[0:1], which
+    agrees, still joins ev's."""
+    x = torch.arange(20.0)
+    ev, od = x[0::2], x[1::2]
+    roundtrip(q, ev)[1] = 100.0            # x[2], in ev's mirror only
+    roundtrip(q, od)
+    first = x[0:1]
+    roundtrip(q, first)
+    assert same_memory(first, ev) and not same_memory(od, ev)
+    assert torch.equal(od, torch.arange(1.0, 20.0, 2.0))
 
 
 def test_a_tensor_that_agrees_joins_the_mirror(q):

@@ -20,21 +20,29 @@ their receivers share it as torch's would.
 Two tensors over one storage can disagree after one of them moved: a
 write through one that was not moved lands in the old memory only.  A
 move never changes what a tensor of this process reads, so a tensor whose
-span overlaps claimed bytes that differ from its own gets a new mirror:
-a copy, as a second share_memory_() of a private copy would be.
+span overlaps claimed bytes that differ from its own gets a mirror of its
+own (a copy, as a second share_memory_() of a private copy would be); the
+storage's mirror stays for the tensors that agree with it.
 
 What still differs from torch (Documentation/python/torch.rst): tensors
 over the old storage that were not sent keep the old, private memory; the
 mirror's bytes that no moved tensor spans are zeros, which a receiver
 sees only by reaching outside its tensor through the storage.
 
-A mirror is found by its old storage's StorageImpl (its ``_cdata``)
-while that storage lives and a storage over the mirror lives in this
-process; otherwise the next move starts another.  The entry holds a torch
-weak reference to the StorageImpl, which says whether it lives and keeps
-its address from being handed to another one meanwhile.  Two storages
-over the same bytes (two ``frombuffer()`` of one buffer) get a mirror
-each, as each would be moved on its own by torch's share_memory_().
+Lifetimes.  A mirror is one UntypedStorage: every tensor moved into it
+shares that StorageImpl, as the views of a storage torch shared do (so
+torch.save() and deepcopy() see one storage).  The table finds it by the
+old storage's StorageImpl (``_cdata``) while:
+
+* the old storage lives, at the same address and size (resize_() and
+  out= reallocate a storage in place: then it is another one); the entry
+  holds a torch weak reference to the old StorageImpl, which also keeps
+  its address from being handed to another one meanwhile;
+* the tensor it was made for, or that tensor's base (``_base``: the views
+  of one tensor share it), lives: until then the table holds the mirror,
+  so that views sent as temporaries (``q.put(big[i])``) share it too.
+  When that tensor dies, a finalizer lets go, and the mirror lives as
+  long as the tensors moved into it.
 """
 
 import bisect
@@ -47,9 +55,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import _alloc
 
-_lock = threading.Lock()
-_mirrors = {}          # old storage's _cdata -> _Mirror
-_prune_at = 64         # prune dead entries when the table grows past this
+_lock = threading.Lock()   # guards the table and claims; no finalizer
+_mirrors = {}              # old storage's _cdata -> _Mirror
+_prune_at = 64             # prune dead entries when the table grows past this
 
 
 def _bytes(storage, lo, hi):
@@ -68,20 +76,28 @@ def span(tensor):
 
 
 class _Mirror:
-    __slots__ = ("old", "view", "starts", "ends")
+    __slots__ = ("old", "where", "storage", "starts", "ends")
 
-    def __init__(self, old, view):
+    def __init__(self, old):
         self.old = StorageWeakRef(old)
-        self.view = weakref.ref(view)  # alive while a storage over it is
-        self.starts = []               # claimed ranges [start, end):
-        self.ends = []                 # sorted, disjoint, not touching
+        self.where = (old.data_ptr(), old.nbytes())
+        self.storage = _alloc.new_shared(old.nbytes())
+        self.starts = []          # claimed ranges [start, end):
+        self.ends = []            # sorted, disjoint, not touching
 
-    def storage(self):
-        """A storage over the mirror's bytes, or None if it is gone."""
-        view = self.view()
-        if view is None or self.old.expired():
+    def serving(self, old):
+        """The mirror's storage while it is old's mirror (see the module's
+        docstring), else None.  Read once: a finalizer may let go of it
+        at any allocation."""
+        storage = self.storage
+        if self.old.expired() or self.where != (old.data_ptr(), old.nbytes()):
             return None
-        return _alloc.untyped(torch.frombuffer(view, dtype=torch.uint8))
+        return storage
+
+    def let_go(self):
+        """The finalizer of the tensor it was made for: the table stops
+        holding the mirror (an attribute store: safe in a finalizer)."""
+        self.storage = None
 
     def _around(self, lo, hi):
         """Indices [i, j) of the claimed ranges that overlap or touch
@@ -96,8 +112,8 @@ class _Mirror:
                 for k in range(i, j)
                 if self.starts[k] < hi and self.ends[k] > lo]
 
-    def claim(self, lo, hi):
-        """Claim [lo, hi); return its parts that were not claimed."""
+    def gaps(self, lo, hi):
+        """The parts of [lo, hi) not claimed."""
         i, j = self._around(lo, hi)
         gaps, pos = [], lo
         for k in range(i, j):
@@ -106,47 +122,62 @@ class _Mirror:
             pos = max(pos, self.ends[k])
         if pos < hi:
             gaps.append((pos, hi))
+        return gaps
+
+    def claim(self, lo, hi):
+        """Add [lo, hi) to the claimed ranges (once its gaps are copied:
+        a copy that failed claims nothing)."""
+        i, j = self._around(lo, hi)
         if i < j:
             lo, hi = min(lo, self.starts[i]), max(hi, self.ends[j - 1])
         self.starts[i:j] = [lo]
         self.ends[i:j] = [hi]
-        return gaps
 
 
-def _agrees(mirror, new, old, lo, hi):
-    """True if every claimed byte of [lo, hi) is the same in both."""
-    return all(torch.equal(_bytes(new, a, b), _bytes(old, a, b))
+def _agrees(mirror, storage, old, lo, hi):
+    """True if every byte of [lo, hi) the mirror claimed is the same in
+    its storage and in old."""
+    return all(torch.equal(_bytes(storage, a, b), _bytes(old, a, b))
                for a, b in mirror.overlaps(lo, hi))
 
 
 def _prune():
     global _prune_at
     for key, mirror in list(_mirrors.items()):
-        if mirror.view() is None or mirror.old.expired():
+        if mirror.storage is None or mirror.old.expired():
             del _mirrors[key]
     _prune_at = max(64, 2 * len(_mirrors))
 
 
+def _new_mirror(tensor, old):
+    """old's mirror, in the table while tensor (or its base) lives."""
+    mirror = _mirrors[old._cdata] = _Mirror(old)
+    base = tensor._base if tensor._base is not None else tensor
+    weakref.finalize(base, mirror.let_go)
+    if len(_mirrors) > _prune_at:
+        _prune()
+    return mirror
+
+
 def storage_for(tensor, old):
-    """The mirror storage of old (tensor's storage, not in a segment, of
-    at least one byte) with tensor's bytes in it: a move of tensor onto
-    it changes nothing tensor reads."""
+    """The storage to move tensor onto: old's mirror (old: tensor's
+    storage, not in a segment, of at least one byte) with tensor's bytes
+    in it, so that the move changes nothing tensor reads."""
     reach = span(tensor)
     with _lock:
         mirror = _mirrors.get(old._cdata)
-        new = mirror.storage() if mirror is not None else None
-        if new is not None and reach is not None and \
-                not _agrees(mirror, new, old, *reach):
-            new = None
-        if new is None:
-            new, view = _alloc.new_shared_view(old.nbytes())
-            mirror = _mirrors[old._cdata] = _Mirror(old, view)
-            if len(_mirrors) > _prune_at:
-                _prune()
+        storage = mirror.serving(old) if mirror is not None else None
+        if storage is None:
+            mirror = _new_mirror(tensor, old)
+            storage = mirror.storage
+        elif reach is not None and not _agrees(mirror, storage, old, *reach):
+            mirror = _Mirror(old)        # its own, not in the table
+            storage = mirror.storage
         if reach is not None:
-            for lo, hi in mirror.claim(*reach):
-                _bytes(new, lo, hi).copy_(_bytes(old, lo, hi))
-    return new
+            for a, b in mirror.gaps(*reach):
+                _bytes(storage, a, b).copy_(_bytes(old, a, b))
+            mirror.claim(*reach)
+        return storage
 
 
 def _before_fork():

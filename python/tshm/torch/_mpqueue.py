@@ -45,7 +45,7 @@ What differs from multiprocessing.Queue, and why:
 import errno
 import multiprocessing.reduction as _mpred
 
-from .. import _queue
+from .. import _queue, _reduction
 from .._tshm import QUEUE_MAX_SEGS, Segment
 
 #: Messages a queue made with maxsize=0 holds.
@@ -112,12 +112,16 @@ class ForkingQueue(_queue.Queue):
 
     def put(self, obj, block=True, timeout=None):
         try:
-            super().put(obj, block, timeout)
+            return super().put(obj, block, timeout)
         except OSError as e:
             if e.errno != errno.EMSGSIZE:
                 raise
+        # The fds its pickle hands to the resource sharer are taken back
+        # unless the put succeeds (queue.Full, an interrupt).
+        with _reduction.withdrawn_unless_kept() as handles:
             data = bytearray(_mpred.ForkingPickler.dumps(obj))
             super().put(_Spilled(data), block, timeout)
+            handles.clear()
 
     def get(self, block=True, timeout=None):
         obj = super().get(block, timeout)

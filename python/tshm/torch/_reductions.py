@@ -20,6 +20,8 @@ import multiprocessing.reduction
 import torch
 import torch.multiprocessing
 import torch.multiprocessing.reductions as _torch_red
+from torch._namedtensor_internals import check_serializing_named_tensor
+from torch.utils.hooks import warn_if_has_hooks
 
 from .._tshm import _locate_address
 from . import _alloc, _mirror, cuda
@@ -55,12 +57,24 @@ def move_to_segment(tensor):
     new = _mirror.storage_for(tensor, old)
     moved = torch.empty((0,), dtype=tensor.dtype)
     moved.set_(new, tensor.storage_offset(), tensor.size(), tensor.stride())
+    moved = _lazy_bits(tensor.is_conj(), tensor.is_neg(), moved)
     # Not tensor.set_(): an in-place op bumps the version counter, and a
     # tensor that autograd saved for backward would then fail backward()
     # ("modified by an inplace operation") though its values are the
     # same.  Assigning .data swaps the storage as share_memory_() does.
     tensor.data = moved
     return tensor
+
+
+def _lazy_bits(conj, neg, t):
+    """t read as a conjugate and/or negative view (the bits a tensor like
+    x.conj() carries over memory holding x's values): without them, a
+    tensor moved or received would read x, not x.conj()."""
+    if conj:
+        t = t.conj()
+    if neg:
+        t = t._neg_view()
+    return t
 
 
 def _export(storage):
@@ -75,7 +89,6 @@ def _export(storage):
         copy.copy_(storage)
         found = locate(copy)
     seg, off = found
-    _alloc.mark_exported(seg)
     return seg, off, n
 
 
@@ -102,7 +115,7 @@ def rebuild_storage(seg, off, n):
 
 def rebuild_tensor(cls, seg, off, n, dtype, meta):
     """The receiving half of reduce_tensor(); cls None is torch.Tensor."""
-    offset, size, stride, requires_grad = meta
+    offset, size, stride, requires_grad, conj, neg = meta
     if n and n % _element_size(dtype) == 0:
         # A tensor of dtype over the storage's bytes, then given its own
         # geometry: one tensor made, not an empty one and a byte view.
@@ -114,6 +127,7 @@ def rebuild_tensor(cls, seg, off, n, dtype, meta):
         # dtype would refuse it.
         t = torch.empty((0,), dtype=dtype)
         t.set_(_import(seg, off, n), offset, size, stride)
+    t = _lazy_bits(conj, neg, t)
     if cls is torch.nn.parameter.Parameter:
         return torch.nn.parameter.Parameter(t, requires_grad=requires_grad)
     t.requires_grad = requires_grad
@@ -130,11 +144,14 @@ def reduce_tensor(tensor):
         raise RuntimeError(
             "Cowardly refusing to serialize non-leaf tensor which "
             "requires_grad: call detach() on it before sending it")
+    check_serializing_named_tensor(tensor)     # as torch's reducer does
+    warn_if_has_hooks(tensor)
     move_to_segment(tensor)
     seg, off, n = _export(_alloc.untyped(tensor))
     cls = type(tensor)
     meta = (tensor.storage_offset(), tuple(tensor.size()),
-            tuple(tensor.stride()), tensor.requires_grad)
+            tuple(tensor.stride()), tensor.requires_grad,
+            tensor.is_conj(), tensor.is_neg())
     return rebuild_tensor, (None if cls is torch.Tensor else cls,
                             seg, off, n, tensor.dtype, meta)
 
