@@ -458,6 +458,21 @@ def test_context_queue_default_is_a_ring_of_1024():
         q.put_nowait(1024)
 
 
+def test_context_queue_big_maxsize():
+    """Up to 65536 messages, as libtshm's ring allows: a queue of more
+    than 16384 carries less pickle per message in the ring, and what does
+    not fit is spilled; more raise ValueError, not the library's E2BIG."""
+    ctx = tshm.torch.get_context("fork")
+    for n in (16384, 20000, tshm.torch._mpqueue.MAX_CAPACITY):
+        q = ctx.Queue(n)
+        q.put(torch.ones(3))
+        q.put(list(range(100000)))
+        assert torch.equal(q.get(), torch.ones(3))
+        assert q.get() == list(range(100000))
+    with pytest.raises(ValueError, match="1 to 65536 messages"):
+        ctx.Queue(65537)
+
+
 def _put_and_exit(q, n):
     q.put([torch.full((100000,), float(i)) for i in range(n)])
 

@@ -22,7 +22,9 @@ What differs from multiprocessing.Queue, and why:
   messages, not unbounded: the ring is shared memory of a fixed size.
   A put() beyond it waits for room as a bounded multiprocessing.Queue's
   does, so a producer that puts more than that before anyone gets
-  deadlocks where multiprocessing.Queue would not;
+  deadlocks where multiprocessing.Queue would not.  maxsize is at most
+  MAX_CAPACITY (65536), and above 16384 messages carry less pickle in
+  the ring (_max_msg_for());
 * no feeder thread: put() has queued the object when it returns (a later
   change to a mutable object is not seen), so join_thread() and
   cancel_join_thread() have nothing to do;
@@ -53,6 +55,21 @@ DEFAULT_CAPACITY = 1024
 #: Bytes of pickle one message carries in the ring: a batch of a few
 #: hundred tensors (about 100 bytes each) fits.
 MAX_MSG = 64 * 1024
+#: The most messages a queue holds, and the bytes of its ring: libtshm's
+#: limits (tshm_queue_create() refuses more with EINVAL, E2BIG).
+MAX_CAPACITY = 65536
+_RING_MAX = 1 << 30
+
+
+def _max_msg_for(capacity):
+    """MAX_MSG, or less for a queue of more than 16384 messages, so that
+    its ring fits (a slot is the message and a small header): its bigger
+    messages are spilled (see the module's docstring)."""
+    if not 0 < capacity <= MAX_CAPACITY:
+        raise ValueError(f"a tshm.torch queue holds 1 to {MAX_CAPACITY} "
+                         f"messages, not {capacity} (maxsize=0: "
+                         f"{DEFAULT_CAPACITY})")
+    return min(MAX_MSG, (_RING_MAX // capacity - 256) // 1024 * 1024)
 
 
 class _Reducers:
@@ -144,7 +161,7 @@ class Queue:
 
     def __init__(self, maxsize=0, *, ctx=None):
         cap = maxsize if maxsize > 0 else DEFAULT_CAPACITY
-        self._q = ForkingQueue(cap, MAX_MSG)
+        self._q = ForkingQueue(cap, _max_msg_for(cap))
         self._maxsize = maxsize
 
     def _live(self):
