@@ -458,6 +458,21 @@ def test_context_queue_default_is_a_ring_of_1024():
         q.put_nowait(1024)
 
 
+def test_forkserver_context_keeps_the_callers_preloads():
+    """The forkserver is one per process: get_context("forkserver") adds
+    torch and tshm.torch to what it preloads, keeping what the caller
+    set and multiprocessing's default (__main__)."""
+    from multiprocessing import forkserver
+    saved = forkserver._forkserver._preload_modules
+    try:
+        forkserver._forkserver._preload_modules = ["__main__", "json"]
+        tshm.torch.get_context("forkserver")
+        assert forkserver._forkserver._preload_modules == \
+            ["__main__", "json", "torch", "tshm.torch"]
+    finally:
+        forkserver._forkserver._preload_modules = saved
+
+
 def test_context_queue_big_maxsize():
     """Up to 65536 messages, as libtshm's ring allows: a queue of more
     than 16384 carries less pickle per message in the ring, and what does

@@ -184,8 +184,13 @@ class ForkServerContext(_TshmQueues, _mpc.ForkServerContext):
 
     def __init__(self):
         super().__init__()
-        # The server imports torch and tshm.torch once, not every worker.
-        self.set_forkserver_preload(["torch", "tshm.torch"])
+        # The server imports torch and tshm.torch once, not every worker;
+        # what the caller asked it to preload (and multiprocessing's
+        # default, __main__) stays: the forkserver is one for the process.
+        from multiprocessing import forkserver
+        have = list(forkserver._forkserver._preload_modules or ())
+        self.set_forkserver_preload(
+            have + [m for m in ("torch", "tshm.torch") if m not in have])
 
 
 _contexts = {"fork": ForkContext, "spawn": SpawnContext,
