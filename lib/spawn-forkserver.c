@@ -178,7 +178,9 @@ static __attribute__((noreturn)) void fs_run(const struct fs_req *req,
 	     e < (char *)spec + spec->env_off + spec->env_len;
 	     e += strlen(e) + 1)
 		envl[nenv++] = e;
-	plan.setenv_list = envl;
+	plan.envp = spawn_env_merge(envl, nenv, 0);
+	if (!plan.envp)
+		fs_board_fail(b, sup_sock, -ENOMEM);
 	plan.spec_fd = -1;
 	plan.wsock_r = plan.wsock_w = plan.sigfd = -1;
 	sup_main(&plan);

@@ -27,6 +27,8 @@
 #include "tshm-private.h"
 #include "spawn.h"
 
+extern char **environ;
+
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC	(1U << 2)
 #endif
@@ -483,12 +485,11 @@ static __attribute__((noreturn)) void worker_run(struct sup *s, int rank)
 	struct sup_plan *p = s->p;
 	struct spawn_worker_info info;
 
-	for (char **e = p->setenv_list; e && *e; e++) {
-		if (strchr(*e, '='))
-			putenv(*e);
-		else
-			unsetenv(*e);
-	}
+	/* Not setenv(): its lock may be held by a thread of the caller that
+	 * this fork left behind.  Assigning environ is allowed (POSIX), and
+	 * a later setenv() in the worker copies the array. */
+	if (p->envp)
+		environ = p->envp;
 	memset(&info, 0, sizeof(info));
 	info.rank = rank;
 	info.nprocs = p->nprocs;

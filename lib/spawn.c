@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "futex.h"
 #include "tshm-private.h"
 #include "spawn.h"
 
@@ -786,17 +787,22 @@ out:
 	return ret;
 }
 
-/* envp for the exec'ed workers: ours minus what the list sets or unsets. */
-static char **build_envp(char **list, int nlist, int nqueues,
-			 char **worker_slot, size_t *worker_len,
-			 char **queue_slot, size_t *queue_len)
+/*
+ * The workers' environment: ours minus what @list sets or unsets, plus what
+ * it sets, and room for @extra more; the strings are ours and @list's, not
+ * copied.  Built before any fork: a child of a threaded process must not
+ * setenv() (glibc's environment lock may have been held by a thread the
+ * fork left behind) nor allocate.  The forkserver's supervisor builds its
+ * own from the spec.
+ */
+char **spawn_env_merge(char *const *list, int nlist, int extra)
 {
 	size_t n = 0, k = 0;
 	char **envp;
 
 	for (char **e = environ; e && *e; e++)
 		n++;
-	envp = calloc(n + (size_t)nlist + 3, sizeof(*envp));
+	envp = calloc(n + (size_t)nlist + (size_t)extra + 1, sizeof(*envp));
 	if (!envp)
 		return NULL;
 	for (char **e = environ; e && *e; e++) {
@@ -813,6 +819,21 @@ static char **build_envp(char **list, int nlist, int nqueues,
 	for (int i = 0; i < nlist; i++)
 		if (strchr(list[i], '='))
 			envp[k++] = list[i];
+	return envp;
+}
+
+/* envp for the exec'ed workers, with the slots worker_exec() fills in. */
+static char **build_envp(char **list, int nlist, int nqueues,
+			 char **worker_slot, size_t *worker_len,
+			 char **queue_slot, size_t *queue_len)
+{
+	char **envp = spawn_env_merge(list, nlist, 2);
+	size_t k = 0;
+
+	if (!envp)
+		return NULL;
+	while (envp[k])
+		k++;
 	*worker_len = strlen(SPAWN_WORKER_ENV "=") + 4 * 24;
 	*worker_slot = calloc(1, *worker_len);
 	if (!*worker_slot) {
@@ -882,16 +903,17 @@ static void reap_supervisor(struct tshm_procs *p)
 
 /*
  * Wait for the supervisor to say something or go, until @dl (NULL: for
- * ever).  Returns false on timeout.
+ * ever).  Returns 1 when it may have, 0 on timeout, -EINTR when a signal
+ * handler ran while it waited (the caller decides whether that counts).
  */
-static bool procs_wait(struct tshm_procs *p, const struct deadline *dl)
+static int procs_wait(struct tshm_procs *p, const struct deadline *dl)
 {
 	struct pollfd pfd[2];
 	int n = 0, timeout = -1;
 
 	if (dl) {
 		if (deadline_expired(dl))
-			return false;
+			return 0;
 		timeout = deadline_poll_ms(dl);
 	}
 	pfd[n].fd = p->sock;
@@ -900,11 +922,11 @@ static bool procs_wait(struct tshm_procs *p, const struct deadline *dl)
 		pfd[n].fd = p->sup_pidfd;
 		pfd[n++].events = POLLIN;
 	}
-	if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR)
-		return false;
+	if (poll(pfd, (nfds_t)n, timeout) < 0)
+		return errno == EINTR ? -EINTR : 0;
 	if (n > 1 && pfd[1].revents)
 		p->sup_gone = true;
-	return true;
+	return 1;
 }
 
 /* Refresh what we know; true once nothing is left running. */
@@ -1021,7 +1043,12 @@ static void procs_free(struct tshm_procs *p)
 	free(p);
 }
 
-/* Wait for every worker to be running, or for the set to fail to start. */
+/*
+ * Wait for every worker to be running, or for the set to fail to start;
+ * -EINTR when a signal handler ran and the thread asked for it
+ * (tshm_thread_set_intr()): a launch that hangs (a worker stuck before its
+ * entry) must not take the caller's Ctrl-C with it.
+ */
 static int procs_wait_launch(struct tshm_procs *p)
 {
 	for (;;) {
@@ -1042,8 +1069,25 @@ static int procs_wait_launch(struct tshm_procs *p)
 		}
 		if (board_phase(p) >= PHASE_RUNNING)
 			return 0;
-		procs_wait(p, NULL);
+		if (procs_wait(p, NULL) == -EINTR && intr_enabled())
+			return -EINTR;
 	}
+}
+
+/*
+ * The launch was interrupted: whatever holds it up may also keep the
+ * supervisor from obeying a terminate, so kill it, our own child; its
+ * workers die with it (PR_SET_PDEATHSIG).  A forkserver's supervisor is
+ * not ours to kill, and runs the forkserver's clean image: ask it.
+ */
+static void procs_abort_launch(struct tshm_procs *p)
+{
+	if (p->sup_pid > 0)
+		kill(p->sup_pid, SIGKILL);
+	else
+		procs_command(p, CMD_TERMINATE, 0);
+	while (!procs_update(p))
+		procs_wait(p, NULL);
 }
 
 TSHM_EXPORT int tshm_spawn(struct tshm_ctx *ctx,
@@ -1197,7 +1241,6 @@ TSHM_EXPORT int tshm_spawn(struct tshm_ctx *ctx,
 	plan.pin = a->flags & TSHM_SPAWN_PIN;
 	plan.cpus = cpus;
 	plan.ncpus = ncpus;
-	plan.setenv_list = env;
 	plan.queues = (struct tshm_queue **)a->queues;
 	plan.nqueues = a->nqueues;
 	plan.spec_fd = spec_fd;
@@ -1208,10 +1251,13 @@ TSHM_EXPORT int tshm_spawn(struct tshm_ctx *ctx,
 		plan.arg = (void *)a->arg;
 		plan.restore_signals = true;
 		plan.saved_act = calloc(NSIG, sizeof(*plan.saved_act));
-		if (!plan.saved_act) {
+		envp = spawn_env_merge(env, nenv, 0);
+		if (!plan.saved_act || !envp) {
+			free(plan.saved_act);
 			ret = -ENOMEM;
 			goto out;
 		}
+		plan.envp = envp;
 		/* Or buffered output would be written once per worker. */
 		fflush(NULL);
 		pid = fork();
@@ -1251,6 +1297,10 @@ TSHM_EXPORT int tshm_spawn(struct tshm_ctx *ctx,
 
 launched:
 	ret = procs_wait_launch(p);
+	if (ret == -EINTR) {
+		procs_abort_launch(p);
+		goto out;
+	}
 	if (ret < 0) {
 		/* The supervisor killed and reaped what it started. */
 		while (!procs_update(p))
@@ -1372,7 +1422,9 @@ static int procs_join(struct tshm_procs *p, int timeout_ms,
 			}
 			return 0;
 		}
-		waited = procs_wait(p, &dl);
+		/* Interrupted: go on (join is not one of the calls that
+		 * honour tshm_thread_set_intr(); its callers slice it). */
+		waited = procs_wait(p, &dl) != 0;
 		if (waited)
 			continue;
 		/* Out of time. */

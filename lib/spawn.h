@@ -158,16 +158,19 @@ struct sup_plan {
 	bool pin;
 	const int *cpus;
 	int ncpus;
-	/* fork/forkserver: "NAME=VALUE" strings to setenv, NULL-terminated. */
-	char **setenv_list;
 	struct tshm_queue **queues;
 	int nqueues;
 
-	/* spawn: execve() arguments; @env_slot is the TSHM_SPAWN_WORKER=
-	 * string inside @envp, @queue_slot the TSHM_SPAWN_QUEUES= one (or
-	 * NULL), both with room to format in the child. */
-	char **argv;
+	/*
+	 * The workers' complete environment, built before the fork
+	 * (spawn_env_merge()).  fork/forkserver: the worker points environ
+	 * at it (no setenv: see spawn_env_merge()).  spawn: execve()
+	 * arguments; @env_slot is the TSHM_SPAWN_WORKER= string inside
+	 * @envp, @queue_slot the TSHM_SPAWN_QUEUES= one (or NULL), both with
+	 * room to format in the child.
+	 */
 	char **envp;
+	char **argv;
 	char *env_slot;
 	size_t env_slot_len;
 	char *queue_slot;
@@ -233,6 +236,10 @@ int spawn_forkserver_request(struct tshm_forkserver *fs, int sup_sock,
 			     int caller_pidfd, int board_fd, int spec_fd,
 			     int ctx_fd);
 bool spawn_forkserver_knows(const struct tshm_forkserver *fs, const void *fn);
+
+/* The workers' envp: environ with @list's "NAME=VALUE" or "NAME" (unset)
+ * applied, and room for @extra more; the strings are not copied. */
+char **spawn_env_merge(char *const *list, int nlist, int extra);
 
 /* Small helpers shared by the three files. */
 int spawn_pidfd_open(pid_t pid);

@@ -175,6 +175,34 @@ def test_workers_never_outlive_a_sigkilled_parent(tmp_path, method):
             p.kill()
 
 
+ENV_RACE = textwrap.dedent("""
+    import os, threading
+    from tshm._tshm import _Procs     # what "spawn" starts its workers with
+
+    def hammer():
+        i = 0
+        while True:                   # a logger or config thread, say
+            os.environ["TSHM_TEST_HAMMER"] = str(i)
+            i += 1
+
+    threading.Thread(target=hammer, daemon=True).start()
+    for _ in range(150):
+        procs = _Procs(["/bin/true"], 2, env={})
+        assert procs.join() is None
+        procs.close()
+    print("done")
+""")
+
+
+def test_spawn_while_another_thread_sets_the_environment():
+    """A "spawn" worker is exec'ed from a fork of this threaded process:
+    had another thread held glibc's environment lock at the fork, a
+    setenv() before the exec would wait for it for ever."""
+    out = subprocess.run([sys.executable, "-c", ENV_RACE],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout == "done\n", out.stderr
+
+
 class _Range(torch.utils.data.Dataset):
     def __init__(self, rank):
         self.rank = rank
