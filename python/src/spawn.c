@@ -39,6 +39,7 @@
 typedef struct {
 	PyObject_HEAD
 	struct tshm_procs *procs;
+	unsigned busy;		/* threads in join() with the GIL off */
 } TshmProcs;
 
 static char *utoa(char *buf, size_t len, unsigned int v)
@@ -330,7 +331,13 @@ static PyObject *procs_join(TshmProcs *self, PyObject *args)
 	if (!j.procs || pytshm_timeout_ms(timeout, &ms) < 0)
 		return NULL;
 	memset(&j.failure, 0, sizeof(j.failure));
+	/* close() refuses while busy, and the reference keeps dealloc off:
+	 * another thread must not free the set under this one's join. */
+	Py_INCREF(self);
+	self->busy++;
 	ret = pytshm_block(join_fn, &j, ms, true);
+	self->busy--;
+	Py_DECREF(self);
 	if (ret == PYTSHM_RAISED)
 		return NULL;
 	if (ret == 0)
@@ -384,6 +391,11 @@ static PyObject *procs_close(TshmProcs *self, PyObject *unused)
 {
 	struct tshm_procs *procs = self->procs;
 
+	if (self->busy) {
+		PyErr_SetString(PyExc_RuntimeError, "close() of a process set "
+				"another thread joins");
+		return NULL;
+	}
 	self->procs = NULL;
 	if (procs) {
 		Py_BEGIN_ALLOW_THREADS

@@ -203,6 +203,55 @@ def test_spawn_while_another_thread_sets_the_environment():
     assert out.stdout == "done\n", out.stderr
 
 
+JOIN_RACE = textwrap.dedent("""
+    import threading, time, tshm.torch
+    from tshm._tshm import _Procs
+
+    def fn(rank):
+        time.sleep(0.02)
+        if rank == 1:
+            raise SystemExit(2)
+
+    for _ in range(5):
+        ctx = tshm.torch.spawn(fn, nprocs=2, join=False, start_method="fork")
+        seen = []
+
+        def join():
+            try:
+                seen.append(ctx.join())
+            except Exception as e:
+                seen.append(type(e).__name__)
+
+        threads = [threading.Thread(target=join) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert "ProcessExitedException" in seen, seen
+    procs = _Procs(["/bin/sleep", "60"], 1)
+    joiner = threading.Thread(target=procs.join)
+    joiner.start()
+    time.sleep(0.2)
+    try:
+        procs.close()
+    except RuntimeError as e:
+        print(e)
+    procs.terminate()
+    joiner.join()
+    procs.close()
+""")
+
+
+def test_threads_joining_one_set_at_once():
+    """Three threads join one set: the one that sees the failure closes
+    it, never under another's wait (that crashed the interpreter), and
+    _Procs.close() refuses while another thread joins."""
+    out = subprocess.run([sys.executable, "-c", JOIN_RACE],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "close() of a process set another thread joins\n"
+
+
 class _Range(torch.utils.data.Dataset):
     def __init__(self, rank):
         self.rank = rank

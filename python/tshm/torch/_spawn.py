@@ -31,6 +31,8 @@ What a worker needs and says travels in two memfds the workers inherit
 import os
 import pickle
 import sys
+import threading
+import time
 import traceback
 from multiprocessing import reduction, spawn as mp_spawn
 
@@ -60,6 +62,9 @@ class ProcessContext:
         self.nprocs = nprocs
         self._pids = procs.pids()
         self._done = False
+        # One joiner at a time: the one that sees the end closes the set,
+        # which must not be freed under another's wait.
+        self._lock = threading.Lock()
 
     def pids(self):
         return list(self._pids)
@@ -74,7 +79,22 @@ class ProcessContext:
         """True once every worker exited 0; False if timeout ran out.
         Raises for the first worker that failed (the others terminated):
         torch's ProcessRaisedException with the worker's traceback, or
-        ProcessExitedException for an exit status or a signal."""
+        ProcessExitedException for an exit status or a signal.  Threads
+        may join at once: they take turns, each within its timeout."""
+        if timeout is None:
+            locked = self._lock.acquire()
+        else:
+            end = time.monotonic() + timeout
+            locked = self._lock.acquire(timeout=max(0.0, timeout))
+            timeout = max(0.0, end - time.monotonic())
+        if not locked:
+            return False
+        try:
+            return self._join(timeout)
+        finally:
+            self._lock.release()
+
+    def _join(self, timeout):
         if self._done:
             return True
         res = self._procs.join(timeout)
