@@ -99,6 +99,26 @@ def test_a_bad_request_is_an_error_not_a_dead_zygote():
     assert _zygote._zygote[1].pids()[0] == first
 
 
+def test_an_interrupted_request_leaves_no_reply_behind():
+    """Ctrl-C between a request and its reply (in the middle of a join,
+    say): the reply must not be taken for the next request's."""
+    _zygote_pid()
+    conn = _zygote._zygote[2]
+
+    def interrupted():
+        del conn.recv                   # once
+        raise KeyboardInterrupt
+
+    conn.recv = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        _zygote._ask(("join", -1, 0))
+    ctx = tshm.torch.spawn(_noop, nprocs=2, start_method="forkserver",
+                           join=False)
+    assert all(isinstance(pid, int) and pid > 0 for pid in ctx.pids()), \
+        ctx.pids()
+    assert ctx.join(60)
+
+
 def test_fork_while_the_zygote_lock_is_held():
     """Another thread is talking to the zygote (it holds the lock) when
     this one forks: the child starts a zygote of its own, and leaves

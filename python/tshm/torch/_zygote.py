@@ -34,6 +34,9 @@ What can go wrong, and what happens then:
   the zygote, and the next spawn starts a new zygote.  It ignores SIGINT
   (its workers do not): a kill -INT to every process does not take the
   forkserver down;
+* an exception between a request and its reply (Ctrl-C in a join): the
+  reply would be taken for the next request's, so the connection is
+  lost and the zygote let go, with its running sets, as if it had died;
 * this process forks (another thread may be talking to the zygote,
   holding the lock): the child forgets the zygote and the lock, and
   starts its own zygote on first use;
@@ -53,7 +56,7 @@ import socket
 import sys
 import threading
 import time
-from multiprocessing import connection, spawn as mp_spawn
+from multiprocessing import connection, reduction, spawn as mp_spawn
 
 from .._tshm import _Procs
 
@@ -153,13 +156,16 @@ def _ask(request, retry=False):
     if this one is gone (a spawn: nothing was started for it that
     outlives the old zygote).  Raises ZygoteLost."""
     global _zygote
+    # Pickled first: a request that cannot be pickled is the caller's
+    # error, and leaves the connection as it was.
+    buf = reduction.ForkingPickler.dumps(request)
     with _lock:
         for attempt in (0, 1):
             # (A fork that ran no at-fork handlers: not this one's.)
             if _zygote is None or _zygote[0] != os.getpid():
                 _zygote = (os.getpid(), *_start())
             try:
-                _zygote[2].send(request)
+                _zygote[2].send_bytes(buf)
                 status, value = _zygote[2].recv()
                 break
             except (OSError, EOFError):
@@ -167,6 +173,13 @@ def _ask(request, retry=False):
                 if not retry or attempt:
                     raise ZygoteLost(*(res or (0, 0, -1, 0, "", ""))) \
                         from None
+            except BaseException:
+                # Between a request and its reply (Ctrl-C in a join):
+                # the reply, or the rest of a message half sent or half
+                # read, would be taken for the next request's.  The
+                # connection is lost, and the zygote with it.
+                _forget()
+                raise
     if status != "ok":
         raise RuntimeError(f"tshm.torch.spawn: the forkserver zygote "
                            f"failed a request: {value}")
