@@ -91,6 +91,24 @@ def test_zygote_lost_mid_join_is_process_exited():
     tshm.torch.spawn(_noop, start_method="forkserver")
 
 
+def test_every_set_of_a_dead_zygote_is_lost():
+    """Each set belongs to the zygote that started it: once that one died,
+    a new zygote (started for another spawn) does not know the set, and
+    joining or closing it starts none."""
+    first = _zygote_pid()
+    sets = [tshm.torch.spawn(_sleep, nprocs=1, start_method="forkserver",
+                             join=False) for _ in range(2)]
+    os.kill(first, signal.SIGKILL)
+    assert _gone(first)
+    second = _zygote_pid()
+    assert second != first
+    for ctx in sets:
+        with pytest.raises(ProcessExitedException, match="forkserver"):
+            ctx.join(60)
+    del sets, ctx
+    assert _zygote._zygote[1].pids()[0] == second
+
+
 def test_a_bad_request_is_an_error_not_a_dead_zygote():
     first = _zygote_pid()
     with pytest.raises(RuntimeError, match="forkserver"):

@@ -30,8 +30,12 @@ connection or exits.
 What can go wrong, and what happens then:
 
 * the zygote dies (the OOM killer, a stray kill): its workers die with
-  it; a join in progress raises torch's ProcessExitedException naming
-  the zygote, and the next spawn starts a new zygote.  It ignores SIGINT
+  it; a join of any set it started raises torch's
+  ProcessExitedException naming the zygote, and the next spawn starts
+  a new zygote.  A set belongs to the zygote that started it (its
+  _Life): a new zygote never answers for it (it would not know the set,
+  and "unknown" must not read as "exited 0"), and joining or closing a
+  lost set starts no zygote.  It ignores SIGINT
   (its workers do not): a kill -INT to every process does not take the
   forkserver down;
 * an exception between a request and its reply (Ctrl-C in a join): the
@@ -70,7 +74,16 @@ _SERVE = ("import os, sys; err = os.dup(2); os.dup2(int(sys.argv[2]), 2); "
           "_serve(int(sys.argv[1]), int(sys.argv[2]), err)")
 
 _lock = threading.Lock()
-_zygote = None            # (pid of its starter, _Procs, Connection)
+# (pid of its starter, _Procs, Connection, _Life): the zygote now.
+_zygote = None
+
+
+class _Life:
+    """One zygote's life, which the sets it started hold: once the zygote
+    is gone, so are they, whatever zygote answers now."""
+
+    def __init__(self):
+        self.ended = None     # how it ended, as _Procs.join() says
 
 
 def _after_fork_in_child():
@@ -140,21 +153,31 @@ def _forget():
     """Let go of the zygote (dead, or its connection broken); the next
     request starts a new one.  How it ended, as _Procs.join() says."""
     global _zygote
-    _, procs, conn = _zygote
+    _, procs, conn, life = _zygote
     _zygote = None
+    life.ended = (0, 0, -1, 0, "", "")
     conn.close()
     res = procs.join(1)       # gone already, as a rule
     if not res:
         procs.terminate()
         res = procs.join()
     procs.close()
+    if res:
+        life.ended = res
     return res
 
 
-def _ask(request, retry=False):
+def _ask(request, retry=False, life=None):
     """The zygote's answer to request; retry: once more with a new zygote
     if this one is gone (a spawn: nothing was started for it that
-    outlives the old zygote).  Raises ZygoteLost."""
+    outlives the old zygote); life: only the zygote of that life may
+    answer (a request about one of its sets: never start a zygote for
+    it).  Raises ZygoteLost."""
+    return _request(request, retry, life)[0]
+
+
+def _request(request, retry=False, life=None):
+    """_ask(), and the life of the zygote that answered."""
     global _zygote
     # Pickled first: a request that cannot be pickled is the caller's
     # error, and leaves the connection as it was.
@@ -162,11 +185,18 @@ def _ask(request, retry=False):
     with _lock:
         for attempt in (0, 1):
             # (A fork that ran no at-fork handlers: not this one's.)
-            if _zygote is None or _zygote[0] != os.getpid():
-                _zygote = (os.getpid(), *_start())
+            if _zygote is not None and _zygote[0] != os.getpid():
+                _zygote = None
+            if life is not None and (_zygote is None or
+                                     _zygote[3] is not life):
+                # Its zygote is gone (or is another process's).
+                raise ZygoteLost(*(life.ended or (0, 0, -1, 0, "", "")))
+            if _zygote is None:
+                _zygote = (os.getpid(), *_start(), _Life())
             try:
                 _zygote[2].send_bytes(buf)
                 status, value = _zygote[2].recv()
+                answered = _zygote[3]
                 break
             except (OSError, EOFError):
                 res = _forget()
@@ -183,7 +213,7 @@ def _ask(request, retry=False):
     if status != "ok":
         raise RuntimeError(f"tshm.torch.spawn: the forkserver zygote "
                            f"failed a request: {value}")
-    return value
+    return value, answered
 
 
 class ZygoteProcs:
@@ -192,8 +222,9 @@ class ZygoteProcs:
 
     def __init__(self, prep, calls, nprocs, env):
         try:
-            self._pids = _ask(("spawn", prep, calls, nprocs, env,
-                               dict(os.environ)), retry=True)
+            self._pids, self._life = _request(
+                ("spawn", prep, calls, nprocs, env, dict(os.environ)),
+                retry=True)
         except ZygoteLost as e:
             raise RuntimeError(f"tshm.torch.spawn: the forkserver zygote "
                                f"died twice ({_how(e.args)})") from None
@@ -209,7 +240,7 @@ class ZygoteProcs:
             left = JOIN_SLICE if end is None else \
                 max(0.0, min(JOIN_SLICE, end - time.monotonic()))
             try:
-                res, tb = _ask(("join", self._key, left))
+                res, tb = _ask(("join", self._key, left), life=self._life)
             except ZygoteLost as e:
                 # Its workers died with it: the set failed, as torch's
                 # ProcessExitedException says (rank 0, the zygote's pid).
@@ -232,7 +263,7 @@ class ZygoteProcs:
         if self._key is not None:
             key, self._key = self._key, None
             try:
-                _ask(("close", key))
+                _ask(("close", key), life=self._life)
             except ZygoteLost:
                 pass          # the zygote is gone, and its workers
 
@@ -267,8 +298,9 @@ def _handle(req, sets):
         sets[ctx.pids()[0]] = ctx
         return ctx.pids()
     if req[0] == "join":
-        ctx = sets.get(req[1])
-        res = ctx._procs.join(req[2]) if ctx else None
+        # Never a success for a set this zygote does not run.
+        ctx = sets[req[1]]
+        res = ctx._procs.join(req[2])
         tb = ctx._traceback(res[0]) if res and res[0] >= 0 else ""
         return res, tb
     if req[0] == "close":
