@@ -128,6 +128,18 @@ def test_fork_worker_exit_status_and_closure():
     assert info.value.error_index == 1 and info.value.exit_code == 3
 
 
+def test_a_failed_set_fails_every_join():
+    """join() after the one that raised raises the same again: a failed
+    set must not read as one that succeeded."""
+    from torch.multiprocessing import ProcessExitedException
+    ctx = tshm.torch.spawn(_exit_3, nprocs=2, start_method="fork",
+                           join=False)
+    for _ in range(2):
+        with pytest.raises(ProcessExitedException) as info:
+            ctx.join(60)
+        assert info.value.error_index == 1 and info.value.exit_code == 3
+
+
 PARENT = textwrap.dedent("""
     import os, sys, time, tshm.torch
     def sleeper(rank):

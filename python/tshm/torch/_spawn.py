@@ -62,6 +62,7 @@ class ProcessContext:
         self.nprocs = nprocs
         self._pids = procs.pids()
         self._done = False
+        self._error = None        # what join() raised: it raises it again
         # One joiner at a time: the one that sees the end closes the set,
         # which must not be freed under another's wait.
         self._lock = threading.Lock()
@@ -79,8 +80,9 @@ class ProcessContext:
         """True once every worker exited 0; False if timeout ran out.
         Raises for the first worker that failed (the others terminated):
         torch's ProcessRaisedException with the worker's traceback, or
-        ProcessExitedException for an exit status or a signal.  Threads
-        may join at once: they take turns, each within its timeout."""
+        ProcessExitedException for an exit status or a signal, and then
+        raises it again at every join.  Threads may join at once: they
+        take turns, each within its timeout."""
         if timeout is None:
             locked = self._lock.acquire()
         else:
@@ -96,6 +98,8 @@ class ProcessContext:
 
     def _join(self, timeout):
         if self._done:
+            if self._error is not None:
+                raise self._error
             return True
         res = self._procs.join(timeout)
         if res is False:
@@ -103,23 +107,10 @@ class ProcessContext:
         if res is None:
             self._close()
             return True
-        rank, pid, code, signo, message, summary = res
-        raised, exited = _exceptions()
-        tb = self._traceback(rank) if rank >= 0 else ""
+        tb = self._traceback(res[0]) if res[0] >= 0 else ""
         self._close()
-        if tb:
-            msg = (f"\n\n-- Process {rank} terminated with the following "
-                   f"error:\n{tb}")
-            if raised is not None:
-                raise raised(msg, rank, pid)
-            raise RuntimeError(msg)
-        msg = f"process {summary or rank}" + (f": {message}" if message
-                                              else "")
-        if exited is not None:
-            import signal as _signal
-            name = _signal.Signals(signo).name if signo else None
-            raise exited(msg, rank, pid, code if not signo else -signo, name)
-        raise RuntimeError(msg)
+        self._error = _failure(res, tb)
+        raise self._error
 
     def _close(self):
         if not self._done:
@@ -133,6 +124,25 @@ class ProcessContext:
             self._close()
         except Exception:
             pass
+
+
+def _failure(res, tb):
+    """The exception for a failure _Procs.join() reported, as torch's."""
+    rank, pid, code, signo, message, summary = res
+    raised, exited = _exceptions()
+    if tb:
+        msg = (f"\n\n-- Process {rank} terminated with the following "
+               f"error:\n{tb}")
+        if raised is not None:
+            return raised(msg, rank, pid)
+        return RuntimeError(msg)
+    msg = f"process {summary or rank}" + (f": {message}" if message
+                                          else "")
+    if exited is not None:
+        import signal as _signal
+        name = _signal.Signals(signo).name if signo else None
+        return exited(msg, rank, pid, code if not signo else -signo, name)
+    return RuntimeError(msg)
 
 
 START_METHODS = ("spawn", "fork", "forkserver")
