@@ -140,6 +140,26 @@ def test_a_failed_set_fails_every_join():
         assert info.value.error_index == 1 and info.value.exit_code == 3
 
 
+def _length(rank, q, blob):
+    q.put(len(blob))
+
+
+@_HOST_ONLY
+def test_spawn_payload_survives_short_writes(monkeypatch):
+    """One write() moves at most 2 GiB minus a page: a bigger payload
+    goes in as many as it takes (here forced short at 1 MiB)."""
+    write = os.write
+
+    def short(fd, data):
+        return write(fd, memoryview(data)[:1 << 20])
+
+    q = tshm.Queue()
+    monkeypatch.setattr(os, "write", short)
+    tshm.torch.spawn(_length, args=(q, b"x" * (3 << 20)), nprocs=1)
+    monkeypatch.undo()
+    assert q.get(timeout=10) == 3 << 20
+
+
 PARENT = textwrap.dedent("""
     import os, sys, time, tshm.torch
     def sleeper(rank):

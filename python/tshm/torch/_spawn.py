@@ -179,7 +179,7 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
     pfd = os.memfd_create("tshm-spawn-payload", 0)
     board = os.memfd_create("tshm-spawn-errors", os.MFD_CLOEXEC)
     try:
-        os.write(pfd, payload)
+        _write_all(pfd, payload)
         os.ftruncate(board, nprocs * SLOT)
         bfd = os.dup(board)          # the workers' copy: no CLOEXEC
         os.set_inheritable(bfd, True)
@@ -274,6 +274,13 @@ def _forked_worker(fn, args, bfd, rank):
         except Exception:
             pass
     return code
+
+
+def _write_all(fd, data):
+    """Write all of data: one write() moves at most 2 GiB minus a page."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _read_all(fd):
