@@ -160,6 +160,20 @@ def test_spawn_payload_survives_short_writes(monkeypatch):
     assert q.get(timeout=10) == 3 << 20
 
 
+def test_fork_flushes_the_callers_output_first():
+    """Output the caller buffered (stdout a pipe: block-buffered) is
+    written once, not once more by every forked worker."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    out = subprocess.run(
+        [sys.executable, "-c", "import tshm.torch\n"
+         "print('before')\n"
+         "tshm.torch.spawn(lambda rank: None, nprocs=3, "
+         "start_method='fork')\n"],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "before\n"
+
+
 PARENT = textwrap.dedent("""
     import os, sys, time, tshm.torch
     def sleeper(rank):

@@ -220,6 +220,9 @@ def _finish(ctx, join):
 def _start_forks(body, nprocs, env):
     """nprocs forks of this process running body(rank, board), whose
     result is the exit status: a ProcessContext."""
+    # What this process buffered would be written once more by each
+    # worker (multiprocessing's util._flush_std_streams() does the same).
+    _flush_std_streams()
     # A fork keeps every fd, CLOEXEC or not: the workers have the board.
     board = os.memfd_create("tshm-spawn-errors", os.MFD_CLOEXEC)
     try:
@@ -268,12 +271,16 @@ def _forked_worker(fn, args, bfd, rank):
         os.pwrite(bfd, tb + b"\0", rank * SLOT)
         sys.stderr.write(traceback.format_exc())
         code = 1
+    _flush_std_streams()
+    return code
+
+
+def _flush_std_streams():
     for f in (sys.stdout, sys.stderr):
         try:
             f.flush()
-        except Exception:
+        except Exception:     # None, closed, or not a file after all
             pass
-    return code
 
 
 def _write_all(fd, data):
