@@ -174,6 +174,32 @@ def test_fork_flushes_the_callers_output_first():
     assert out.stdout == "before\n"
 
 
+def _mp_primitives(rank, simple, queue, lock, event):
+    with lock:
+        simple.put(rank)
+    queue.put(rank)
+    if rank == 1:
+        event.set()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_multiprocessing_primitives_in_args(method):
+    """multiprocessing's own primitives in args work in the workers, as
+    with torch.multiprocessing.spawn: pickled as multiprocessing pickles
+    them for a process it starts, and a Queue's feeder flushed before a
+    forked worker leaves."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    simple, queue, event = ctx.SimpleQueue(), ctx.Queue(), ctx.Event()
+    tshm.torch.spawn(_mp_primitives, nprocs=2, start_method=method,
+                     args=(simple, queue, ctx.Lock(), event))
+    assert sorted(simple.get() for _ in range(2)) == [0, 1]
+    assert sorted(queue.get(timeout=10) for _ in range(2)) == [0, 1]
+    assert event.is_set()
+    queue.close()
+    queue.join_thread()
+
+
 PARENT = textwrap.dedent("""
     import os, sys, time, tshm.torch
     def sleeper(rank):

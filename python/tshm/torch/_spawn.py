@@ -34,7 +34,8 @@ import sys
 import threading
 import time
 import traceback
-from multiprocessing import reduction, spawn as mp_spawn
+from multiprocessing import (context, reduction, resource_sharer,
+                             spawn as mp_spawn)
 
 from .._tshm import _Procs
 
@@ -196,6 +197,23 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
     return _finish(ProcessContext(procs, board, nprocs), join)
 
 
+class _Spawning:
+    """What multiprocessing's pickling asks of the process it pickles for
+    (context.get_spawning_popen()): with one set, its primitives
+    (SimpleQueue, Queue, Lock, Event...) agree to be pickled, as for its
+    own spawn start method.  Their fds do not go by inheritance, as
+    popen_spawn_posix's do (the forkserver's workers are not this
+    process's children): reduction.DupFd() hands them to the resource
+    sharer, which a worker fetches them from when it unpickles, as it
+    does for tensors."""
+
+    DupFd = resource_sharer.DupFd
+
+    @staticmethod
+    def duplicate_for_child(fd):
+        return fd
+
+
 def _payload(fn, args, nprocs):
     """multiprocessing's preparation data and (fn, args) pickled once per
     rank, as torch does: what args hold may be good for one load only (an
@@ -204,8 +222,13 @@ def _payload(fn, args, nprocs):
     # As bytes: the workers must hold it to fetch fds (tensors in args)
     # from this process's resource sharer.
     prep["authkey"] = bytes(prep["authkey"])
-    return prep, [bytes(reduction.ForkingPickler.dumps((fn, args), 5))
-                  for _ in range(nprocs)]
+    outer = context.get_spawning_popen()
+    context.set_spawning_popen(_Spawning())
+    try:
+        return prep, [bytes(reduction.ForkingPickler.dumps((fn, args), 5))
+                      for _ in range(nprocs)]
+    finally:
+        context.set_spawning_popen(outer)
 
 
 def _finish(ctx, join):
@@ -228,11 +251,29 @@ def _start_forks(body, nprocs, env):
     try:
         os.ftruncate(board, nprocs * SLOT)
         procs = _Procs(None, nprocs, env=env,
-                       target=lambda rank, n: body(rank, board))
+                       target=lambda rank, n: _forked(body, rank, board))
     except BaseException:
         os.close(board)
         raise
     return ProcessContext(procs, board, nprocs)
+
+
+def _forked(body, rank, board):
+    """A forked worker: body(rank, board) as a child of multiprocessing's
+    fork start method runs its target (Process._bootstrap).  What the
+    caller registered with multiprocessing is reset for the fork (a
+    Queue's feeder thread is not in it) and its finalizers and children
+    are the caller's, not the worker's; the worker's finalizers run at
+    its end (a Queue's feeder flushes what was put), since it leaves
+    with _exit()."""
+    from multiprocessing import process, util
+    process._children = set()
+    util._finalizer_registry.clear()
+    util._run_after_forkers()
+    code = body(rank, board)
+    util._exit_function()
+    _flush_std_streams()
+    return code
 
 
 def _sync_thread_vars():
