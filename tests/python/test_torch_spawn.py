@@ -200,6 +200,35 @@ def test_multiprocessing_primitives_in_args(method):
     queue.join_thread()
 
 
+FLAGS = textwrap.dedent("""
+    import sys, tshm, tshm.torch
+
+    def flags(rank, q):
+        q.put((sys.flags.optimize, sys.flags.no_user_site, sys.warnoptions))
+
+    if __name__ == "__main__":
+        q = tshm.Queue()
+        for method in sys.argv[1:]:
+            tshm.torch.spawn(flags, args=(q,), start_method=method)
+            print(method, q.get(timeout=60))
+""")
+
+
+@_HOST_ONLY
+def test_workers_get_the_interpreters_flags(tmp_path):
+    """-O, -s, -W... reach "spawn" workers and the forkserver's zygote,
+    as multiprocessing passes them to its spawned children."""
+    script = tmp_path / "flags.py"
+    script.write_text(FLAGS)
+    out = subprocess.run([sys.executable, "-O", "-s", "-W",
+                          "ignore::UserWarning", str(script), "spawn",
+                          "forkserver"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    want = (1, 1, ["ignore::UserWarning"])
+    assert out.stdout == f"spawn {want}\nforkserver {want}\n"
+
+
 PARENT = textwrap.dedent("""
     import os, sys, time, tshm.torch
     def sleeper(rank):

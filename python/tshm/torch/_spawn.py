@@ -30,6 +30,7 @@ What a worker needs and says travels in two memfds the workers inherit
 
 import os
 import pickle
+import subprocess
 import sys
 import threading
 import time
@@ -185,8 +186,8 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
         bfd = os.dup(board)          # the workers' copy: no CLOEXEC
         os.set_inheritable(bfd, True)
         try:
-            procs = _Procs([sys.executable, "-c", _WORKER, str(pfd),
-                            str(bfd)], nprocs, env=env)
+            procs = _Procs(_interpreter(_WORKER) + [str(pfd), str(bfd)],
+                           nprocs, env=env)
         finally:
             os.close(bfd)
     except BaseException:
@@ -212,6 +213,16 @@ class _Spawning:
     @staticmethod
     def duplicate_for_child(fd):
         return fd
+
+
+def _interpreter(code):
+    """argv running code in a new interpreter with this one's flags (-O,
+    -s, -W..., as multiprocessing's spawn passes them) and this one's
+    sys.path first: it finds what this one finds, however this one
+    found it (PYTHONPATH, which -E and -I ignore, or sys.path edited)."""
+    path = [os.path.abspath(p) for p in sys.path if isinstance(p, str)]
+    return [sys.executable, *subprocess._args_from_interpreter_flags(),
+            "-c", f"import sys; sys.path[:0] = {path!r}; {code}"]
 
 
 def _payload(fn, args, nprocs):

@@ -49,8 +49,9 @@ What can go wrong, and what happens then:
   workers take (the thread budget set for them kept), and multiprocessing's
   preparation data (sys.path, cwd, main module);
 * the caller may have found tshm through sys.path, not PYTHONPATH: the
-  zygote starts with PYTHONPATH set to the caller's sys.path, and one
-  that cannot come up is a RuntimeError with what it wrote to stderr.
+  zygote starts with the caller's sys.path first on its own, and the
+  caller's interpreter flags (-O, -s, -W...); one that cannot come up
+  is a RuntimeError with what it wrote to stderr.
 """
 
 import os
@@ -63,6 +64,7 @@ import time
 from multiprocessing import connection, reduction, spawn as mp_spawn
 
 from .._tshm import _Procs
+from . import _spawn
 
 JOIN_SLICE = 0.2
 #: How much of a zygote's start-up stderr a failure to come up shows.
@@ -102,13 +104,6 @@ class ZygoteLost(Exception):
     signo, message, summary) of the zygote, as _Procs.join() says."""
 
 
-def _pythonpath():
-    """The caller's sys.path as PYTHONPATH: the zygote finds what the
-    caller found, however the caller found it."""
-    return os.pathsep.join(os.path.abspath(p) for p in sys.path
-                           if isinstance(p, str))
-
-
 def _start():
     """A new zygote: (its _Procs, Connection) once it is up."""
     mine, theirs = socket.socketpair()
@@ -118,9 +113,8 @@ def _start():
         log_child = os.dup(log)
         try:
             os.set_inheritable(log_child, True)
-            procs = _Procs([sys.executable, "-c", _SERVE,
-                            str(theirs.fileno()), str(log_child)], 1,
-                           env={"PYTHONPATH": _pythonpath()})
+            procs = _Procs(_spawn._interpreter(_SERVE) +
+                           [str(theirs.fileno()), str(log_child)], 1)
         finally:
             os.close(log_child)
         theirs.close()
@@ -271,7 +265,6 @@ class ZygoteProcs:
 # -- in the zygote --------------------------------------------------------
 
 def _run(prep, call, environ, board, rank):
-    from . import _spawn
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # The caller's environment of this spawn(), with the thread budget
     # the library set in this fork's C environment.
@@ -288,7 +281,6 @@ def _run(prep, call, environ, board, rank):
 
 def _handle(req, sets):
     """The reply to one request."""
-    from . import _spawn
     if req[0] == "spawn":
         _, prep, calls, nprocs, env, environ = req
         ctx = _spawn._start_forks(
@@ -316,7 +308,7 @@ def _serve(fd, log, stderr):
     until it is up, stderr its own stderr."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch  # noqa: F401  (what the workers start with)
-    from . import _spawn, install
+    from . import install
     install()
     # Up: what it wrote so far (warnings) goes where its stderr goes.
     sys.stderr.flush()
