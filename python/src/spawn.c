@@ -75,18 +75,19 @@ static int exec_entry(int rank, int nprocs, void *arg)
 	tshm_worker_fail("exec %s: %s", argv[0], strerror(errno));
 }
 
-/* The callable fork workers run; set only while tshm_spawn() forks. */
-static PyObject *fork_target;
-
-/* Runs in a forked worker (GIL held: see the top of this file). */
+/*
+ * Runs in a forked worker (GIL held: see the top of this file); @arg is
+ * the target itself, passed by pointer (FORK: the worker has the caller's
+ * memory), not a global: PyOS_BeforeFork() runs Python's at-fork handlers,
+ * during which another thread may start a set of its own.
+ */
 static int python_entry(int rank, int nprocs, void *arg)
 {
-	PyObject *res;
+	PyObject *target = arg, *res;
 	long code = 1;
 
-	(void)arg;
 	PyOS_AfterFork_Child();
-	res = PyObject_CallFunction(fork_target, "ii", rank, nprocs);
+	res = PyObject_CallFunction(target, "ii", rank, nprocs);
 	if (res) {
 		code = PyLong_Check(res) ? PyLong_AsLong(res) : 1;
 		Py_DECREF(res);
@@ -223,8 +224,9 @@ static PyObject *procs_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 	if (!ret)
 		ret = tshm_spawn_attr_set_fn(attr, blob ? exec_entry
 						   : python_entry);
-	if (!ret && blob)
-		ret = tshm_spawn_attr_set_arg(attr, blob, len);
+	if (!ret)
+		ret = blob ? tshm_spawn_attr_set_arg(attr, blob, len) :
+			     tshm_spawn_attr_set_arg(attr, target, 0);
 	if (!ret)
 		ret = tshm_spawn_attr_set_threads(attr, threads);
 	if (!ret)
@@ -252,14 +254,13 @@ static PyObject *procs_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 			Py_END_ALLOW_THREADS
 		} else {
 			/* The GIL stays held: the workers are forks of this
-			 * thread. */
-			fork_target = target;
+			 * thread.  (Our caller's reference keeps the target
+			 * alive.) */
 			PyOS_BeforeFork();
 			prev = tshm_thread_set_intr(1);
 			ret = tshm_spawn(NULL, attr, &procs);
 			tshm_thread_set_intr(prev);
 			PyOS_AfterFork_Parent();
-			fork_target = NULL;
 		}
 		if (ret != -EINTR)
 			break;

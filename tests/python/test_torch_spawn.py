@@ -229,6 +229,31 @@ def test_workers_get_the_interpreters_flags(tmp_path):
     assert out.stdout == f"spawn {want}\nforkserver {want}\n"
 
 
+def test_fork_from_threads_at_once():
+    """Threads start "fork" sets at once: each set's workers run that
+    set's fn, never another thread's (or none)."""
+    import threading
+    q = tshm.Queue()
+    errors = []
+
+    def starter(tag):
+        for _ in range(8):
+            try:
+                tshm.torch.spawn(lambda rank: q.put(tag), nprocs=1,
+                                 start_method="fork")
+            except Exception as e:
+                errors.append(repr(e))
+
+    threads = [threading.Thread(target=starter, args=(t,)) for t in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert sorted(q.get(timeout=10) for _ in range(24)) == \
+        sorted(list(range(3)) * 8)
+
+
 PARENT = textwrap.dedent("""
     import os, sys, time, tshm.torch
     def sleeper(rank):
