@@ -149,15 +149,16 @@ def _forget():
     global _zygote
     _, procs, conn, life = _zygote
     _zygote = None
-    life.ended = (0, 0, -1, 0, "", "")
+    pid = procs.pids()[0]
+    life.ended = (0, pid, -1, 0, "", "")
     conn.close()
     res = procs.join(1)       # gone already, as a rule
     if not res:
         procs.terminate()
         res = procs.join()
     procs.close()
-    if res:
-        life.ended = res
+    # None: it exited 0 (we hung up), which its sets' joins then say.
+    life.ended = res or (0, pid, 0, 0, "", "")
     return res
 
 
