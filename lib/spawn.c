@@ -26,7 +26,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "futex.h"
 #include "tshm-private.h"
 #include "spawn.h"
 
@@ -797,24 +796,31 @@ out:
  */
 char **spawn_env_merge(char *const *list, int nlist, int extra)
 {
+	/*
+	 * Read once, and copied no further than counted: another thread
+	 * may setenv() a new name in between (a Python thread, the GIL
+	 * released).
+	 */
+	char **src = environ;
 	size_t n = 0, k = 0;
 	char **envp;
 
-	for (char **e = environ; e && *e; e++)
+	while (src && src[n])
 		n++;
 	envp = calloc(n + (size_t)nlist + (size_t)extra + 1, sizeof(*envp));
 	if (!envp)
 		return NULL;
-	for (char **e = environ; e && *e; e++) {
-		size_t l = env_name_len(*e);
+	for (size_t i = 0; i < n && src[i]; i++) {
+		char *e = src[i];
+		size_t l = env_name_len(e);
 
-		if (env_find(list, nlist, *e, l) >= 0 ||
+		if (env_find(list, nlist, e, l) >= 0 ||
 		    (l == strlen(SPAWN_WORKER_ENV) &&
-		     !strncmp(*e, SPAWN_WORKER_ENV, l)) ||
+		     !strncmp(e, SPAWN_WORKER_ENV, l)) ||
 		    (l == strlen(SPAWN_QUEUES_ENV) &&
-		     !strncmp(*e, SPAWN_QUEUES_ENV, l)))
+		     !strncmp(e, SPAWN_QUEUES_ENV, l)))
 			continue;
-		envp[k++] = *e;
+		envp[k++] = e;
 	}
 	for (int i = 0; i < nlist; i++)
 		if (strchr(list[i], '='))
@@ -1044,10 +1050,9 @@ static void procs_free(struct tshm_procs *p)
 }
 
 /*
- * Wait for every worker to be running, or for the set to fail to start;
- * -EINTR when a signal handler ran and the thread asked for it
- * (tshm_thread_set_intr()): a launch that hangs (a worker stuck before its
- * entry) must not take the caller's Ctrl-C with it.
+ * Wait for every worker to be running, or for the set to fail to start.
+ * A signal does not end the wait: a worker may be running its entry
+ * already, and killing the set there would have a retry run it twice.
  */
 static int procs_wait_launch(struct tshm_procs *p)
 {
@@ -1069,25 +1074,8 @@ static int procs_wait_launch(struct tshm_procs *p)
 		}
 		if (board_phase(p) >= PHASE_RUNNING)
 			return 0;
-		if (procs_wait(p, NULL) == -EINTR && intr_enabled())
-			return -EINTR;
-	}
-}
-
-/*
- * The launch was interrupted: whatever holds it up may also keep the
- * supervisor from obeying a terminate, so kill it, our own child; its
- * workers die with it (PR_SET_PDEATHSIG).  A forkserver's supervisor is
- * not ours to kill, and runs the forkserver's clean image: ask it.
- */
-static void procs_abort_launch(struct tshm_procs *p)
-{
-	if (p->sup_pid > 0)
-		kill(p->sup_pid, SIGKILL);
-	else
-		procs_command(p, CMD_TERMINATE, 0);
-	while (!procs_update(p))
 		procs_wait(p, NULL);
+	}
 }
 
 TSHM_EXPORT int tshm_spawn(struct tshm_ctx *ctx,
@@ -1297,10 +1285,6 @@ TSHM_EXPORT int tshm_spawn(struct tshm_ctx *ctx,
 
 launched:
 	ret = procs_wait_launch(p);
-	if (ret == -EINTR) {
-		procs_abort_launch(p);
-		goto out;
-	}
 	if (ret < 0) {
 		/* The supervisor killed and reaped what it started. */
 		while (!procs_update(p))

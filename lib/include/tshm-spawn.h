@@ -147,9 +147,7 @@ int tshm_spawn_attr_add_queue(struct tshm_spawn_attr *attr,
  * -EINVAL (bad attributes, no entry), -E2BIG (nprocs above
  * TSHM_SPAWN_MAX_PROCS), -ENOENT (no registered entry of that name or
  * function for SPAWN), -EAGAIN (fork failed: RLIMIT_NPROC), an execve()
- * errno, -ECHILD (a worker died before reaching its entry), or -EINTR: a
- * signal handler ran while it waited for the launch and the thread asked
- * for that (tshm_thread_set_intr()); the set was killed.  @ctx may be
+ * errno, or -ECHILD (a worker died before reaching its entry).  @ctx may be
  * NULL: workers then have no context.  The returned set belongs to the
  * calling process; any of its threads may join it.
  */

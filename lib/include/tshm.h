@@ -61,8 +61,7 @@ const char *tshm_strerror(int err);
 
 /*
  * Blocking calls made by the calling thread (queue send and recv,
- * release waits, pool get, event and barrier waits, tshm_spawn()'s wait
- * for the launch) return -EINTR when
+ * release waits, pool get, event and barrier waits) return -EINTR when
  * a signal handler ran while they waited (@on non-zero) instead of
  * restarting (@on 0, the default).  Returns the previous setting.
  */

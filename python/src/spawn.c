@@ -238,34 +238,21 @@ static PyObject *procs_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 	if (set_envs(attr, env) < 0)
 		goto out;
 	/*
-	 * A launch that hangs must not take Ctrl-C with it: the library's
-	 * wait returns -EINTR when a signal handler ran (it killed the set),
-	 * and a handler that raised ends the call; any other signal starts
-	 * the set again, as PEP 475 has system calls retried.
+	 * The launch is not interruptible: a worker may be running its entry
+	 * already, and a set killed and started again would run it twice.
+	 * It cannot hang on the caller's locks (no setenv() or malloc()
+	 * between fork and exec).
 	 */
-	for (;;) {
-		int prev;
-
-		if (blob) {
-			Py_BEGIN_ALLOW_THREADS
-			prev = tshm_thread_set_intr(1);
-			ret = tshm_spawn(NULL, attr, &procs);
-			tshm_thread_set_intr(prev);
-			Py_END_ALLOW_THREADS
-		} else {
-			/* The GIL stays held: the workers are forks of this
-			 * thread.  (Our caller's reference keeps the target
-			 * alive.) */
-			PyOS_BeforeFork();
-			prev = tshm_thread_set_intr(1);
-			ret = tshm_spawn(NULL, attr, &procs);
-			tshm_thread_set_intr(prev);
-			PyOS_AfterFork_Parent();
-		}
-		if (ret != -EINTR)
-			break;
-		if (PyErr_CheckSignals())
-			goto out;
+	if (blob) {
+		Py_BEGIN_ALLOW_THREADS
+		ret = tshm_spawn(NULL, attr, &procs);
+		Py_END_ALLOW_THREADS
+	} else {
+		/* The GIL stays held: the workers are forks of this thread.
+		 * (Our caller's reference keeps the target alive.) */
+		PyOS_BeforeFork();
+		ret = tshm_spawn(NULL, attr, &procs);
+		PyOS_AfterFork_Parent();
 	}
 	if (ret < 0) {
 		pytshm_raise(ret, "tshm_spawn");

@@ -271,21 +271,25 @@ def test_workers_never_outlive_a_sigkilled_parent(tmp_path, method):
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     p = subprocess.Popen([sys.executable, str(script), method],
-                         stdout=subprocess.PIPE, text=True)
-    pids = []
+                         stdout=subprocess.PIPE)
+    pids, seen = [], b""
     try:
         deadline = time.monotonic() + 300
         while len(pids) < 3 and time.monotonic() < deadline:
-            # Never block past the deadline on a worker that says nothing.
+            # Never block past the deadline on a worker that says nothing;
+            # read what is there, not a line: select() does not see the
+            # lines a buffered readline() already took in.
             if not select.select([p.stdout], [], [],
                                  deadline - time.monotonic())[0]:
                 break
-            line = p.stdout.readline()
-            if not line:
+            chunk = os.read(p.stdout.fileno(), 4096)
+            if not chunk:
                 break
-            if line.startswith("worker"):
-                pids.append(int(line.split()[1]))
-        assert len(pids) == 3, pids
+            seen += chunk
+            pids = [int(line.split()[1])       # whole lines only
+                    for line in seen.split(b"\n")[:-1]
+                    if line.startswith(b"worker ")]
+        assert len(pids) == 3, (pids, seen)
         os.kill(p.pid, signal.SIGKILL)
         p.wait(30)
         deadline = time.monotonic() + 30
@@ -327,6 +331,57 @@ def test_spawn_while_another_thread_sets_the_environment():
     out = subprocess.run([sys.executable, "-c", ENV_RACE],
                          capture_output=True, text=True, timeout=60)
     assert out.stdout == "done\n", out.stderr
+
+
+SIGNALS_IN_LAUNCH = textwrap.dedent("""
+    import os, signal, sys, threading, time, tshm.torch
+
+    log = sys.argv[1] if __name__ == "__main__" else None
+    hits = []
+    signal.signal(signal.SIGUSR1, lambda *a: hits.append(1))
+    main = threading.get_ident()
+    stop = threading.Event()
+
+    def pester():
+        while not stop.is_set():
+            signal.pthread_kill(main, signal.SIGUSR1)
+            time.sleep(0.0005)
+
+    def fn(rank, log):
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.write(fd, b"%d\\n" % rank)
+        os.close(fd)
+
+    def main_():
+        t = threading.Thread(target=pester)
+        t.start()
+        try:
+            for method, times in (("fork", 10), ("spawn", 3)):
+                for _ in range(times):
+                    tshm.torch.spawn(fn, args=(log,), nprocs=4,
+                                     start_method=method)
+        finally:
+            stop.set()
+            t.join()
+        print(len(hits) > 0)
+
+    if __name__ == "__main__":
+        main_()
+""")
+
+
+def test_signals_during_the_launch_run_no_worker_twice(tmp_path):
+    """A signal whose handler returns (SIGCHLD from a DataLoader's, a
+    timer) arrives while a set is being launched: the launch goes on.
+    Killing the set and starting it again would run the ranks that had
+    started twice."""
+    log, script = tmp_path / "ran", tmp_path / "signals.py"
+    script.write_text(SIGNALS_IN_LAUNCH)    # "spawn" imports fn from it
+    out = subprocess.run([sys.executable, str(script), str(log)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.stdout == "True\n", out.stderr
+    ranks = log.read_text().split()
+    assert sorted(ranks) == sorted(["0", "1", "2", "3"] * 13)
 
 
 JOIN_RACE = textwrap.dedent("""

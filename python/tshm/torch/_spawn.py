@@ -109,9 +109,15 @@ class ProcessContext:
         if res is None:
             self._close()
             return True
-        tb = self._traceback(res[0]) if res[0] >= 0 else ""
-        self._close()
-        self._error = _failure(res, tb)
+        try:
+            tb = self._traceback(res[0]) if res[0] >= 0 else ""
+            self._error = _failure(res, tb)
+        finally:
+            # Stored before the set is closed, which may be interrupted:
+            # every later join raises it too.
+            if self._error is None:
+                self._error = RuntimeError(f"worker {res[0]} failed: {res}")
+            self._close()
         raise self._error
 
     def _close(self):
@@ -142,7 +148,10 @@ def _failure(res, tb):
                                           else "")
     if exited is not None:
         import signal as _signal
-        name = _signal.Signals(signo).name if signo else None
+        try:
+            name = _signal.Signals(signo).name if signo else None
+        except ValueError:          # real-time signals have no name
+            name = f"SIG{signo}"
         return exited(msg, rank, pid, code if not signo else -signo, name)
     return RuntimeError(msg)
 
