@@ -336,7 +336,8 @@ def test_spawn_while_another_thread_sets_the_environment():
 SIGNALS_IN_LAUNCH = textwrap.dedent("""
     import os, signal, sys, threading, time, tshm.torch
 
-    log = sys.argv[1] if __name__ == "__main__" else None
+    if __name__ == "__main__":
+        log, method, times = sys.argv[1], sys.argv[2], int(sys.argv[3])
     hits = []
     signal.signal(signal.SIGUSR1, lambda *a: hits.append(1))
     main = threading.get_ident()
@@ -356,10 +357,9 @@ SIGNALS_IN_LAUNCH = textwrap.dedent("""
         t = threading.Thread(target=pester)
         t.start()
         try:
-            for method, times in (("fork", 10), ("spawn", 3)):
-                for _ in range(times):
-                    tshm.torch.spawn(fn, args=(log,), nprocs=4,
-                                     start_method=method)
+            for _ in range(times):
+                tshm.torch.spawn(fn, args=(log,), nprocs=4,
+                                 start_method=method)
         finally:
             stop.set()
             t.join()
@@ -370,18 +370,22 @@ SIGNALS_IN_LAUNCH = textwrap.dedent("""
 """)
 
 
-def test_signals_during_the_launch_run_no_worker_twice(tmp_path):
+@pytest.mark.parametrize("method,times", [
+    pytest.param("spawn", 3, marks=_HOST_ONLY), ("fork", 10)])
+def test_signals_during_the_launch_run_no_worker_twice(tmp_path, method,
+                                                       times):
     """A signal whose handler returns (SIGCHLD from a DataLoader's, a
     timer) arrives while a set is being launched: the launch goes on.
     Killing the set and starting it again would run the ranks that had
     started twice."""
     log, script = tmp_path / "ran", tmp_path / "signals.py"
     script.write_text(SIGNALS_IN_LAUNCH)    # "spawn" imports fn from it
-    out = subprocess.run([sys.executable, str(script), str(log)],
+    out = subprocess.run([sys.executable, str(script), str(log), method,
+                          str(times)],
                          capture_output=True, text=True, timeout=300)
     assert out.stdout == "True\n", out.stderr
     ranks = log.read_text().split()
-    assert sorted(ranks) == sorted(["0", "1", "2", "3"] * 13)
+    assert sorted(ranks) == sorted(["0", "1", "2", "3"] * times)
 
 
 JOIN_RACE = textwrap.dedent("""
