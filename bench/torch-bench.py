@@ -17,8 +17,9 @@ Rows:
   process; the worker sends its reading back on a second queue, after
   the clock stopped), per tensor of 4 KiB, 1 MiB, 64 MiB, the same
   tensor re-sent or a fresh one each time; each cell the median of
-  ROUNDS runs taken in turn with the other columns'.  The queues are those each strategy's user makes: torch's
-  (multiprocessing's, a pipe) for file_descriptor and file_system,
+  ROUNDS runs taken in turn with the other columns'.  The queues are
+  those each strategy's user makes: torch's (multiprocessing's, a pipe)
+  for file_descriptor and file_system,
   tshm.torch.get_context("fork").Queue() for tshm;
 * DataLoader throughput (batches/s, 2 workers, fork; tshm with
   multiprocessing_context=tshm.torch.get_context("fork")): items of (a) one

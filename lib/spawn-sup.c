@@ -485,9 +485,11 @@ static __attribute__((noreturn)) void worker_run(struct sup *s, int rank)
 	struct sup_plan *p = s->p;
 	struct spawn_worker_info info;
 
-	/* Not setenv(): its lock may be held by a thread of the caller that
+	/*
+	 * Not setenv(): its lock may be held by a thread of the caller that
 	 * this fork left behind.  Assigning environ is allowed (POSIX), and
-	 * a later setenv() in the worker copies the array. */
+	 * a later setenv() in the worker copies the array.
+	 */
 	if (p->envp)
 		environ = p->envp;
 	memset(&info, 0, sizeof(info));

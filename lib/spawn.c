@@ -909,17 +909,16 @@ static void reap_supervisor(struct tshm_procs *p)
 
 /*
  * Wait for the supervisor to say something or go, until @dl (NULL: for
- * ever).  Returns 1 when it may have, 0 on timeout, -EINTR when a signal
- * handler ran while it waited (the caller decides whether that counts).
+ * ever).  Returns false on timeout.
  */
-static int procs_wait(struct tshm_procs *p, const struct deadline *dl)
+static bool procs_wait(struct tshm_procs *p, const struct deadline *dl)
 {
 	struct pollfd pfd[2];
 	int n = 0, timeout = -1;
 
 	if (dl) {
 		if (deadline_expired(dl))
-			return 0;
+			return false;
 		timeout = deadline_poll_ms(dl);
 	}
 	pfd[n].fd = p->sock;
@@ -928,11 +927,11 @@ static int procs_wait(struct tshm_procs *p, const struct deadline *dl)
 		pfd[n].fd = p->sup_pidfd;
 		pfd[n++].events = POLLIN;
 	}
-	if (poll(pfd, (nfds_t)n, timeout) < 0)
-		return errno == EINTR ? -EINTR : 0;
+	if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR)
+		return false;
 	if (n > 1 && pfd[1].revents)
 		p->sup_gone = true;
-	return 1;
+	return true;
 }
 
 /* Refresh what we know; true once nothing is left running. */
@@ -1406,9 +1405,7 @@ static int procs_join(struct tshm_procs *p, int timeout_ms,
 			}
 			return 0;
 		}
-		/* Interrupted: go on (join is not one of the calls that
-		 * honour tshm_thread_set_intr(); its callers slice it). */
-		waited = procs_wait(p, &dl) != 0;
+		waited = procs_wait(p, &dl);
 		if (waited)
 			continue;
 		/* Out of time. */

@@ -237,8 +237,10 @@ int spawn_forkserver_request(struct tshm_forkserver *fs, int sup_sock,
 			     int ctx_fd);
 bool spawn_forkserver_knows(const struct tshm_forkserver *fs, const void *fn);
 
-/* The workers' envp: environ with @list's "NAME=VALUE" or "NAME" (unset)
- * applied, and room for @extra more; the strings are not copied. */
+/*
+ * The workers' envp: environ with @list's "NAME=VALUE" or "NAME" (unset)
+ * applied, and room for @extra more; the strings are not copied.
+ */
 char **spawn_env_merge(char *const *list, int nlist, int extra);
 
 /* Small helpers shared by the three files. */

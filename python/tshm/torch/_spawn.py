@@ -298,7 +298,8 @@ def _forked(body, rank, board):
 
 def _sync_thread_vars():
     """The library set the thread budget in the C environment of this
-    fork (putenv); os.environ is the interpreter's copy from start-up."""
+    fork (environ points at the workers' array); os.environ is the
+    interpreter's copy from start-up."""
     import ctypes
     getenv = ctypes.CDLL(None).getenv
     getenv.restype = ctypes.c_char_p
@@ -332,8 +333,7 @@ def _forked_worker(fn, args, bfd, rank):
         os.pwrite(bfd, tb + b"\0", rank * SLOT)
         sys.stderr.write(traceback.format_exc())
         code = 1
-    _flush_std_streams()
-    return code
+    return code               # (_forked() flushes the streams after)
 
 
 def _flush_std_streams():

@@ -150,7 +150,7 @@ def _forget():
     _, procs, conn, life = _zygote
     _zygote = None
     pid = procs.pids()[0]
-    life.ended = (0, pid, -1, 0, "", "")
+    life.ended = (0, pid, -1, 0, "", "")   # if what follows is interrupted
     conn.close()
     res = procs.join(1)       # gone already, as a rule
     if not res:
