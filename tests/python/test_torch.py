@@ -225,6 +225,55 @@ def test_uninstalled_is_torch():
     assert _tshm._locate_address(s.data_ptr(), 100) is None
 
 
+@pytest.mark.parametrize("back", ["file_descriptor", "file_system"])
+def test_a_shared_tensor_stays_shared_under_any_strategy(back):
+    """torch's reducers and share_memory_() move a storage out of a tshm
+    segment (their share_fd/share_filename swap its memory): this
+    process would stop sharing it, silently.  Whatever the strategy, a
+    tensor or storage in a segment is sent as one and share_memory_() of
+    it does nothing."""
+    x = torch.zeros(1000)
+    y = _roundtrip(x)                   # x moved into a segment
+    assert segment_of(x) is not None
+    where = untyped(x).data_ptr()
+    tmp.set_sharing_strategy(back)
+    z = _roundtrip(x)
+    w = _roundtrip(untyped(x))
+    x.share_memory_()
+    untyped(x).share_memory_()
+    tshm.torch.uninstall()
+    x.share_memory_()
+    x.add_(1)
+    assert segment_of(x) is not None
+    assert torch.equal(y, x) and torch.equal(z, x)
+    assert untyped(x).data_ptr() == where and w.data_ptr() == where
+    # What is not in a segment goes torch's way, as before.
+    tmp.set_sharing_strategy(back)
+    fresh = torch.ones(1000)
+    assert torch.equal(_roundtrip(fresh), fresh) and \
+        segment_of(fresh) is None
+
+
+def test_get_context_leaves_the_start_method_unset():
+    """get_context(None) is multiprocessing's default method, and does not
+    fix it, as multiprocessing.get_start_method() would."""
+    code = textwrap.dedent("""
+        import multiprocessing, tshm.torch
+        ctx = tshm.torch.get_context()
+        assert multiprocessing.get_start_method(allow_none=True) is None
+        multiprocessing.set_start_method("spawn")
+        print(ctx.get_start_method(), multiprocessing.get_start_method())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], check=True,
+                         capture_output=True, text=True).stdout
+    assert out.split() == [_platform_default(), "spawn"]
+
+
+def _platform_default():
+    from multiprocessing import context
+    return context._default_context._default_context.get_start_method()
+
+
 def _echo(q, r):
     """Receive tensors, write to them, send them back (re-send)."""
     while True:

@@ -52,9 +52,11 @@ def _new_shared(cls, size, *, device="cpu"):
 
 
 def _storage_share_memory_(self):
-    # A storage already in a segment is shared; another one cannot be
-    # moved in place from Python: torch's own strategy moves it.
-    if active() and locate(self) is not None:
+    # A storage already in a segment is shared, whatever the strategy
+    # (torch's would move it out, and this process would stop sharing
+    # it); another one cannot be moved in place from Python: torch's own
+    # strategy moves it.
+    if self.device.type == "cpu" and locate(self) is not None:
         return self
     return _orig_storage_share(self)
 
@@ -197,6 +199,18 @@ _contexts = {"fork": ForkContext, "spawn": SpawnContext,
              "forkserver": ForkServerContext}
 
 
+def _default_start_method():
+    """multiprocessing's start method, without fixing it as
+    multiprocessing.get_start_method() does (a later set_start_method()
+    would then fail)."""
+    method = multiprocessing.get_start_method(allow_none=True)
+    if method is None:
+        platform = getattr(_mpc._default_context, "_default_context", None)
+        method = platform.get_start_method() if platform is not None \
+            else multiprocessing.get_start_method()
+    return method
+
+
 def get_context(method=None):
     """A multiprocessing context for method ("fork", "spawn" or
     "forkserver"; None: multiprocessing's default) whose processes run
@@ -204,7 +218,7 @@ def get_context(method=None):
     torch.multiprocessing queues and pools alike.  Installs tshm in this
     process too, so that what its workers send back is received as tshm."""
     if method is None:
-        method = multiprocessing.get_start_method()
+        method = _default_start_method()
     try:
         cls = _contexts[method]
     except KeyError:

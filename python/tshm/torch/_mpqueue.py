@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
-"""The queues of tshm.torch's multiprocessing contexts: tshm.Queue with
-multiprocessing's reducers.
+"""The queues of tshm.torch's multiprocessing contexts: multiprocessing's
+Queue API over a tshm.Queue with multiprocessing's reducers.
 
 multiprocessing.Queue is a pipe: it cannot carry an fd, so every object
 that owns one (a tshm Segment, a storage under torch's file_descriptor
@@ -23,7 +23,7 @@ What differs from multiprocessing.Queue, and why:
   A put() beyond it waits for room as a bounded multiprocessing.Queue's
   does, so a producer that puts more than that before anyone gets
   deadlocks where multiprocessing.Queue would not.  maxsize is at most
-  MAX_CAPACITY (65536), and above 16384 messages carry less pickle in
+  MAX_CAPACITY (65536), and above 16320 messages carry less pickle in
   the ring (_max_msg_for());
 * no feeder thread: put() has queued the object when it returns (a later
   change to a mutable object is not seen), so join_thread() and

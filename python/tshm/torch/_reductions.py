@@ -15,7 +15,10 @@ as torch's own strategies move it into shared memory: the sender's tensor
 is shared from then on, and sending it again copies nothing.
 """
 
+import contextlib
 import multiprocessing.reduction
+import pickle
+import threading
 
 import torch
 import torch.multiprocessing
@@ -31,6 +34,26 @@ STRATEGY = "tshm"
 
 def active():
     return torch.multiprocessing.get_sharing_strategy() == STRATEGY
+
+
+_forced = threading.local()
+
+
+@contextlib.contextmanager
+def sending_as_tshm():
+    """Within it, this thread pickles CPU tensors and storages the tshm
+    way whatever the strategy (tshm.torch.spawn's arguments); other
+    threads are not affected."""
+    outer = getattr(_forced, "on", False)
+    _forced.on = True
+    try:
+        yield
+    finally:
+        _forced.on = outer
+
+
+def _sending():
+    return getattr(_forced, "on", False) or active()
 
 
 def locate(storage):
@@ -99,6 +122,28 @@ def _import(seg, off, n):
 
 
 _element_sizes = {}
+_dtype_names = {}
+_dtypes = {}
+
+
+def _dtype_name(dtype):
+    """"float32" for torch.float32: a str pickles as itself, a dtype by
+    its global name, which costs the sender a module lookup per message
+    (about a microsecond: a tenth of a small tensor's encoding)."""
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype).rpartition(".")[2]
+    return name
+
+
+def _dtype_named(name):
+    dtype = _dtypes.get(name)
+    if dtype is None:
+        dtype = getattr(torch, name, None) if type(name) is str else None
+        if not isinstance(dtype, torch.dtype):
+            raise pickle.UnpicklingError(f"not a torch dtype: {name!r}")
+        _dtypes[name] = dtype
+    return dtype
 
 
 def _element_size(dtype):
@@ -113,8 +158,9 @@ def rebuild_storage(seg, off, n):
     return _import(seg, off, n)
 
 
-def rebuild_tensor(cls, seg, off, n, dtype, meta):
+def rebuild_tensor(cls, seg, off, n, dtype_name, meta):
     """The receiving half of reduce_tensor(); cls None is torch.Tensor."""
+    dtype = _dtype_named(dtype_name)
     offset, size, stride, requires_grad, conj, neg = meta
     if n and n % _element_size(dtype) == 0:
         # A tensor of dtype over the storage's bytes, then given its own
@@ -138,26 +184,39 @@ def reduce_tensor(tensor):
     red = cuda._reduce(tensor)      # over a tshm GPU buffer: whatever
     if red is not None:             # the strategy, torch's cannot share it
         return red
-    if not active() or not _shareable(tensor):
+    if not _shareable(tensor):
         return _torch_red.reduce_tensor(tensor)
+    storage = _alloc.untyped(tensor)
+    n = storage.nbytes()
+    found = _locate_address(storage.data_ptr(), n) if n else None
+    if found is None and not _sending():
+        return _torch_red.reduce_tensor(tensor)
+    # Whatever the strategy, a tensor in a segment goes as one: torch's
+    # reducer would move its storage out of the segment (its share_fd
+    # or share_filename swaps the memory under it), and this process
+    # would stop sharing it with the others that hold the segment.
     if tensor.requires_grad and not tensor.is_leaf:
         raise RuntimeError(
             "Cowardly refusing to serialize non-leaf tensor which "
             "requires_grad: call detach() on it before sending it")
     check_serializing_named_tensor(tensor)     # as torch's reducer does
     warn_if_has_hooks(tensor)
-    move_to_segment(tensor)
-    seg, off, n = _export(_alloc.untyped(tensor))
+    if found is None:       # not in a segment yet (or empty)
+        move_to_segment(tensor)
+        seg, off, n = _export(_alloc.untyped(tensor))
+    else:                   # already shared: sent as it is
+        seg, off = found
     cls = type(tensor)
     meta = (tensor.storage_offset(), tuple(tensor.size()),
             tuple(tensor.stride()), tensor.requires_grad,
             tensor.is_conj(), tensor.is_neg())
     return rebuild_tensor, (None if cls is torch.Tensor else cls,
-                            seg, off, n, tensor.dtype, meta)
+                            seg, off, n, _dtype_name(tensor.dtype), meta)
 
 
 def reduce_storage(storage):
-    if not active() or storage.device.type != "cpu":
+    if storage.device.type != "cpu" or \
+            (not _sending() and locate(storage) is None):
         return _torch_red.reduce_storage(storage)
     return rebuild_storage, _export(storage)
 

@@ -39,6 +39,7 @@ from multiprocessing import (context, reduction, resource_sharer,
                              spawn as mp_spawn)
 
 from .._tshm import _Procs
+from ._reductions import sending_as_tshm
 
 SLOT = 64 * 1024
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -245,8 +246,10 @@ def _payload(fn, args, nprocs):
     outer = context.get_spawning_popen()
     context.set_spawning_popen(_Spawning())
     try:
-        return prep, [bytes(reduction.ForkingPickler.dumps((fn, args), 5))
-                      for _ in range(nprocs)]
+        with sending_as_tshm():     # whatever this process's strategy
+            return prep, [bytes(reduction.ForkingPickler.dumps((fn, args),
+                                                               5))
+                          for _ in range(nprocs)]
     finally:
         context.set_spawning_popen(outer)
 
