@@ -7,11 +7,14 @@ allocation from tshm segments (small storages sub-allocated), and
 DataLoader workers through tshm.torch.get_context() for every start
 method.  Skipped where Debian's python3-torch is missing."""
 
+import gc
 import os
 import queue
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -214,6 +217,62 @@ def test_small_storages_share_an_arena():
     assert again.data_ptr() != ptr
     with pytest.raises(RuntimeError, match="-1 bytes"):
         torch.UntypedStorage._new_shared(-1)
+
+
+def test_uninstall_restores_the_strategy_install_replaced():
+    tshm.torch.uninstall()
+    default = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy("file_system")
+    try:
+        tshm.torch.install()
+        assert tmp.get_sharing_strategy() == "tshm"
+        tshm.torch.uninstall()
+        assert tmp.get_sharing_strategy() == "file_system"
+    finally:
+        tmp.set_sharing_strategy(default)
+
+
+def test_module_share_memory_puts_parameters_and_buffers_in_segments():
+    m = torch.nn.Sequential(torch.nn.Linear(30, 30), torch.nn.BatchNorm1d(30))
+    m.share_memory()
+    tensors = list(m.parameters()) + list(m.buffers())
+    assert len(tensors) == 7            # weight, bias x2; 3 BatchNorm stats
+    assert all(segment_of(t) is not None and t.is_shared() for t in tensors)
+    m(torch.randn(4, 30)).sum().backward()      # still a working module
+    assert all(p.grad is not None for p in m.parameters())
+
+
+def _hold(q):
+    time.sleep(600)
+
+
+def test_a_message_never_received_is_freed_with_the_queue():
+    """The message holds its segment (the sender may drop the tensor at
+    once) until the queue goes: the last handle closed, or its last
+    holder SIGKILLed."""
+    ctx = tshm.torch.get_context("fork")
+    t = torch.ones(1 << 20)                 # 4 MiB: a segment of its own
+    q = ctx.Queue()
+    q.put(t)
+    seg = segment_of(t)
+    del t
+    gc.collect()
+    assert not seg.wait_released(0.2)       # held by the message
+    del q
+    gc.collect()
+    assert seg.wait_released(30)
+    t = torch.ones(1 << 20)
+    q = ctx.Queue()
+    p = ctx.Process(target=_hold, args=(q,))
+    p.start()
+    q.put(t)
+    seg = segment_of(t)
+    del t, q
+    gc.collect()
+    assert not seg.wait_released(0.2)       # the child holds the queue
+    os.kill(p.pid, signal.SIGKILL)
+    p.join()
+    assert seg.wait_released(30)
 
 
 def test_uninstalled_is_torch():

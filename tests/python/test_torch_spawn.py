@@ -20,7 +20,8 @@ import time
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.multiprocessing import ProcessRaisedException  # noqa: E402
+from torch.multiprocessing import (  # noqa: E402
+    ProcessExitedException, ProcessRaisedException)
 
 import tshm  # noqa: E402
 import tshm.torch  # noqa: E402
@@ -63,6 +64,28 @@ def test_exception_comes_back_and_terminates_the_rest(method):
     assert err.error_index == 2 and err.pid == pids[2]
     assert "ValueError: rank 2 failed on purpose" in str(err)
     assert "_fail_rank_2" in str(err)            # the worker's traceback
+    assert not any(alive(p) for p in pids)
+
+
+def _kill_rank_1(rank):
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_worker_killed_by_a_signal_is_process_exited(method):
+    """torch's ProcessExitedException, naming the rank and the signal; the
+    others are terminated."""
+    ctx = tshm.torch.spawn(_kill_rank_1, nprocs=3, join=False,
+                           start_method=method)
+    pids = ctx.pids()
+    with pytest.raises(ProcessExitedException) as info:
+        while not ctx.join(60):
+            pass
+    err = info.value
+    assert (err.error_index, err.pid) == (1, pids[1])
+    assert (err.exit_code, err.signal_name) == (-signal.SIGKILL, "SIGKILL")
     assert not any(alive(p) for p in pids)
 
 
