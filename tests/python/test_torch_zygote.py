@@ -217,3 +217,27 @@ def test_zygote_finds_tshm_through_the_callers_sys_path(mode, tmp_path):
         assert out.stdout.startswith("RuntimeError:"), out.stdout
         assert "did not come up" in out.stdout
         assert "planted torch refuses to load" in out.stdout
+
+
+def test_the_zygote_dies_with_a_sigkilled_caller():
+    """The zygote is the caller's, not a daemon: a caller SIGKILLed (no
+    exit handler runs) takes it along."""
+    code = textwrap.dedent("""
+        import time, tshm.torch
+        from tshm.torch import _zygote
+        tshm.torch.spawn(time.sleep, start_method="forkserver")  # sleep(0)
+        print(_zygote._zygote[1].pids()[0], flush=True)
+        time.sleep(600)
+    """)
+    caller = subprocess.Popen([sys.executable, "-c", code],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        zygote = int(caller.stdout.readline())
+        assert not _gone(zygote, timeout=0.5)
+        caller.kill()
+        caller.wait()
+        assert _gone(zygote, timeout=30)
+    finally:
+        caller.kill()
+        caller.wait()
+        caller.stdout.close()
