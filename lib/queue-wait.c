@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -169,23 +168,11 @@ void q_unlock(struct tshm_queue *q, bool recovered)
  * Wait until *@word moves from @seen, or for one sleep slice: 0 (the caller
  * re-checks the ring), -EAGAIN / -ETIMEDOUT, -EINTR.  The slice is what
  * makes a waker that died between its commit and its wake-up harmless.
- *
- * An ADAPTIVE waiter that has spun QUEUE_YIELD_AFTER_NS yields its CPU
- * every few microseconds of the rest of its spin (as crossbeam's
- * Backoff::snooze does).  Where the CPUs are busy, the sender it waits for
- * may be queued behind it on its own CPU, and a spin that does not yield
- * keeps it there until the spin ends and the waiter sleeps.  Measured on 2
- * virtual CPUs, one of them kept busy by another process: a 64-byte
- * message one way, 24 to 55 us without the yield, 8 to 16 with it
- * (build/bench/lib-bench -q); a 4 KiB tensor through a tshm.torch queue,
- * 114 us, 59 to 83 with it.  On idle CPUs the figures do not move: the
- * spin mostly ends before the first yield, and a yield with nothing else
- * to run returns at once.  SPIN, asked for to own a CPU, does not yield.
  */
 int q_wait(struct tshm_queue *q, _Atomic uint32_t *word, uint32_t seen,
 		  _Atomic uint32_t *waiters, const struct deadline *dl)
 {
-	int64_t until, t, yield_at = INT64_MAX;
+	int64_t until, t;
 	unsigned i = 0;
 
 	if (dl->nowait)
@@ -193,9 +180,7 @@ int q_wait(struct tshm_queue *q, _Atomic uint32_t *word, uint32_t seen,
 	if (q->wait != TSHM_WAIT_FUTEX) {
 		until = dl->ns;
 		if (q->wait == TSHM_WAIT_ADAPTIVE) {
-			t = now_ns();
-			yield_at = t + QUEUE_YIELD_AFTER_NS;
-			t += (int64_t)q->spin_us * 1000;
+			t = now_ns() + (int64_t)q->spin_us * 1000;
 			if (t < until)
 				until = t;
 		}
@@ -210,8 +195,6 @@ int q_wait(struct tshm_queue *q, _Atomic uint32_t *word, uint32_t seen,
 					return -ETIMEDOUT;
 				if (t >= until)
 					break;
-				if (t >= yield_at)
-					sched_yield();
 			}
 		}
 	}

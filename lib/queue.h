@@ -25,7 +25,6 @@
 #define QUEUE_MAX_MSG		(16UL << 20)
 #define QUEUE_MAX_RING		(1UL << 30)
 #define QUEUE_SPIN_US		50
-#define QUEUE_YIELD_AFTER_NS	5000	/* see q_wait() */
 #define QUEUE_SNDBUF		(8 << 20)
 #define QUEUE_MAX_FDS		5	/* see q_fds() */
 #define CACHELINE		64

@@ -279,9 +279,7 @@ int tshm_queue_fd(struct tshm_queue *q);
 
 /*
  * How this process waits on this queue (local, not shared).
- * ADAPTIVE (default): spin @spin_us microseconds, then sleep on a futex;
- * after the first 5 us the spin yields the CPU now and then (sched_yield),
- * so that a sender queued behind the waiter on a busy CPU gets to run.
+ * ADAPTIVE (default): spin @spin_us microseconds, then sleep on a futex.
  * FUTEX: sleep at once.  SPIN: never sleep (burns a CPU; timeouts still
  * hold).  @spin_us is ignored by FUTEX and SPIN; 0 picks the default (50).
  */

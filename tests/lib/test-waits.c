@@ -6,13 +6,10 @@
  * futex calls: it counts FUTEX_WAKEs, and a process that sets kill_at_wake
  * SIGKILLs itself at its next FUTEX_WAKE, i.e. after a send or receive
  * committed and before the sleeper it owed a wake-up was woken.  The rest
- * is real: real processes, real signals, the real kernel futex.  The
- * count also tells whether an ADAPTIVE waiter slept.
+ * is real: real processes, real signals, the real kernel futex.
  */
 #include <dlfcn.h>
 #include <linux/futex.h>
-#include <pthread.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
@@ -212,79 +209,6 @@ TEST_F_TIMEOUT(w, timeouts_hold_against_stopped_peer, 120)
 				     NULL, 1000));
 	EXPECT_EQ('z', buf[0]);
 	TH_LOG("slowest round with a stopped peer: %lld ms", (long long)worst);
-}
-
-/*
- * An ADAPTIVE waiter yields during its spin: two threads on one CPU, each
- * waiting for the other's message (a ping-pong through two queues), get
- * through without sleeping in the futex.  A spin that does not yield keeps
- * the thread it waits for queued behind it until the spin is over and the
- * waiter sleeps: a FUTEX_WAKE for nearly every round trip.
- */
-#define PINGS	200
-
-struct pong {
-	struct tshm_queue *in, *out;
-	int n;
-};
-
-static void *ponger(void *arg)
-{
-	struct pong *p = arg;
-	char buf[8];
-	size_t len;
-	int i;
-
-	for (i = 0; i < p->n; i++) {
-		if (tshm_queue_recv(p->in, buf, sizeof(buf), &len, NULL, NULL,
-				    10000) ||
-		    tshm_queue_send(p->out, buf, len, NULL, 0, 10000))
-			break;
-	}
-	return NULL;
-}
-
-TEST(adaptive_waiter_lets_a_sender_on_its_cpu_run)
-{
-	struct tshm_queue *ping, *back;
-	struct tshm_ctx *ctx;
-	cpu_set_t all, one;
-	struct pong p;
-	pthread_t t;
-	char buf[8];
-	size_t len;
-	int i, cpu, wakes;
-
-	ASSERT_EQ(0, sched_getaffinity(0, sizeof(all), &all));
-	for (cpu = 0; !CPU_ISSET(cpu, &all); cpu++)
-		;
-	CPU_ZERO(&one);
-	CPU_SET(cpu, &one);
-	/* This thread, and the one it starts, on one CPU. */
-	ASSERT_EQ(0, sched_setaffinity(0, sizeof(one), &one));
-	ASSERT_EQ(0, tshm_ctx_open(&ctx, 0));
-	ASSERT_EQ(0, tshm_queue_create(ctx, 4, 8, &ping));
-	ASSERT_EQ(0, tshm_queue_create(ctx, 4, 8, &back));
-	p.in = ping;
-	p.out = back;
-	p.n = 2 * PINGS;
-	ASSERT_EQ(0, pthread_create(&t, NULL, ponger, &p));
-	for (i = 0; i < 2 * PINGS; i++) {
-		if (i == PINGS)		/* the first half: warm-up */
-			atomic_store(&futex_wakes, 0);
-		ASSERT_EQ(0, tshm_queue_send(ping, "p", 1, NULL, 0, 10000));
-		ASSERT_EQ(0, tshm_queue_recv(back, buf, sizeof(buf), &len,
-					     NULL, NULL, 10000));
-	}
-	wakes = atomic_load(&futex_wakes);
-	pthread_join(t, NULL);
-	ASSERT_EQ(0, sched_setaffinity(0, sizeof(all), &all));
-	TH_LOG("%d FUTEX_WAKEs in %d round trips on CPU %d", wakes, PINGS,
-	       cpu);
-	EXPECT_GT(PINGS / 4, wakes);
-	tshm_queue_unref(ping);
-	tshm_queue_unref(back);
-	tshm_ctx_close(ctx);
 }
 
 TSHM_TEST_MAIN(NULL)

@@ -119,8 +119,7 @@ def _unspill(data):
 class ForkingQueue(_queue.Queue):
     """A tshm.Queue that pickles with multiprocessing's reducers.
 
-    It waits as libtshm does by default: spins about 50 us (yielding the
-    CPU after the first 5), then sleeps.
+    It waits as libtshm does by default: spins about 50 us, then sleeps.
     A tensor's message is pickled in a few microseconds, so a receiver
     that spins mostly catches the next message without a sleep; a futex
     wake-up costs the sender tens of microseconds where the machine's
