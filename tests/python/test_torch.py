@@ -295,22 +295,27 @@ def test_a_shared_tensor_stays_shared_under_any_strategy(back):
     y = _roundtrip(x)                   # x moved into a segment
     assert segment_of(x) is not None
     where = untyped(x).data_ptr()
-    tmp.set_sharing_strategy(back)
-    z = _roundtrip(x)
-    w = _roundtrip(untyped(x))
-    x.share_memory_()
-    untyped(x).share_memory_()
-    tshm.torch.uninstall()
-    x.share_memory_()
+    try:
+        tmp.set_sharing_strategy(back)
+        z = _roundtrip(x)
+        w = _roundtrip(untyped(x))
+        x.share_memory_()
+        untyped(x).share_memory_()
+        # What is not in a segment goes torch's way, as before.
+        fresh = torch.ones(1000)
+        assert torch.equal(_roundtrip(fresh), fresh) and \
+            segment_of(fresh) is None
+        tmp.set_sharing_strategy("tshm")
+        tshm.torch.uninstall()          # torch's default strategy
+        assert not tshm.torch.installed()
+        v = _roundtrip(x)
+        x.share_memory_()
+    finally:
+        tshm.torch.install()            # for the fixture to undo
     x.add_(1)
     assert segment_of(x) is not None
-    assert torch.equal(y, x) and torch.equal(z, x)
+    assert torch.equal(y, x) and torch.equal(z, x) and torch.equal(v, x)
     assert untyped(x).data_ptr() == where and w.data_ptr() == where
-    # What is not in a segment goes torch's way, as before.
-    tmp.set_sharing_strategy(back)
-    fresh = torch.ones(1000)
-    assert torch.equal(_roundtrip(fresh), fresh) and \
-        segment_of(fresh) is None
 
 
 def test_get_context_leaves_the_start_method_unset():

@@ -126,10 +126,11 @@ def test_thread_budget_and_tensor_args(method):
         tshm.torch.uninstall()
 
 
-def _arg_in_segment(rank, q, x):
+def _arg_in_segment(rank, q, x, bare):
     s = x.untyped_storage() if hasattr(x, "untyped_storage") \
         else x.storage().untyped()
     q.put(tshm._tshm._locate_address(s.data_ptr(), s.nbytes()) is not None)
+    bare[0] = 42
 
 
 @_HOST_ONLY
@@ -137,14 +138,18 @@ def _arg_in_segment(rank, q, x):
 def test_tensor_args_go_the_tshm_way_whatever_the_callers_strategy(method):
     """A caller that never installed tshm: the tensors in args still
     travel as segments (not through torch's resource sharer), and its
-    strategy is left as it was."""
+    strategy is left as it was.  A bare storage, which could only be
+    copied into a segment, goes torch's way: shared with the caller."""
     tshm.torch.uninstall()
     before = torch.multiprocessing.get_sharing_strategy()
     assert before != "tshm"
     q = tshm.Queue()
-    tshm.torch.spawn(_arg_in_segment, args=(q, torch.zeros(1000)), nprocs=1,
-                     start_method=method)
+    bare = torch.UntypedStorage(16)
+    bare[0] = 0
+    tshm.torch.spawn(_arg_in_segment, args=(q, torch.zeros(1000), bare),
+                     nprocs=1, start_method=method)
     assert q.get(timeout=10) is True
+    assert bare[0] == 42
     assert torch.multiprocessing.get_sharing_strategy() == before
 
 

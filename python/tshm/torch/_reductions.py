@@ -4,7 +4,11 @@
 These reducers are registered with multiprocessing's ForkingPickler for
 the classes torch.multiprocessing registers its own for, and hand every
 object back to torch's reducer unless the strategy is "tshm" (so that
-set_sharing_strategy() switches back and forth at any time).
+set_sharing_strategy() switches back and forth at any time), with two
+exceptions: a tensor or storage already in a segment goes as one
+whatever the strategy (torch's reducer would move it out of the segment,
+and this process would stop sharing it), and within sending_as_tshm()
+(tshm.torch.spawn's arguments) plain tensors go the tshm way too.
 
 A CPU storage travels as (segment, offset, length): the segment pickles
 the way tshm.Segment always does (tshm/_reduction.py); the receiver
@@ -137,6 +141,8 @@ def _dtype_name(dtype):
 
 
 def _dtype_named(name):
+    if isinstance(name, torch.dtype):   # a pickle made before names
+        return name
     dtype = _dtypes.get(name)
     if dtype is None:
         dtype = getattr(torch, name, None) if type(name) is str else None
@@ -215,8 +221,11 @@ def reduce_tensor(tensor):
 
 
 def reduce_storage(storage):
+    # Not _sending(): a bare storage not in a segment can only be copied
+    # here, where torch's strategies move it into shared memory in place;
+    # sending_as_tshm() must not take that sharing away from the caller.
     if storage.device.type != "cpu" or \
-            (not _sending() and locate(storage) is None):
+            (not active() and locate(storage) is None):
         return _torch_red.reduce_storage(storage)
     return rebuild_storage, _export(storage)
 
