@@ -45,9 +45,10 @@ _forced = threading.local()
 
 @contextlib.contextmanager
 def sending_as_tshm():
-    """Within it, this thread pickles CPU tensors and storages the tshm
-    way whatever the strategy (tshm.torch.spawn's arguments); other
-    threads are not affected."""
+    """Within it, this thread pickles CPU tensors the tshm way whatever
+    the strategy (tshm.torch.spawn's arguments); a bare storage still
+    goes torch's way (reduce_storage()); other threads are not
+    affected."""
     outer = getattr(_forced, "on", False)
     _forced.on = True
     try:
@@ -193,8 +194,7 @@ def reduce_tensor(tensor):
     if not _shareable(tensor):
         return _torch_red.reduce_tensor(tensor)
     storage = _alloc.untyped(tensor)
-    n = storage.nbytes()
-    found = _locate_address(storage.data_ptr(), n) if n else None
+    found = locate(storage)
     if found is None and not _sending():
         return _torch_red.reduce_tensor(tensor)
     # Whatever the strategy, a tensor in a segment goes as one: torch's
@@ -211,7 +211,7 @@ def reduce_tensor(tensor):
         move_to_segment(tensor)
         seg, off, n = _export(_alloc.untyped(tensor))
     else:                   # already shared: sent as it is
-        seg, off = found
+        (seg, off), n = found, storage.nbytes()
     cls = type(tensor)
     meta = (tensor.storage_offset(), tuple(tensor.size()),
             tuple(tensor.stride()), tensor.requires_grad,
