@@ -62,45 +62,91 @@ int q_sock_send(struct tshm_queue *q, struct qwire *w, const int *fds,
 }
 
 /*
+ * The slow path of q_sock_take() for a message whose peek came back
+ * truncated: out of fds, or malformed (too long, too many fds).  Peek its
+ * header alone; if it is the one wanted, check room for @reserve fds
+ * before anything is consumed; then take it.  Returns as q_sock_take(),
+ * or 2: an older message was dropped, look again.
+ */
+static int take_truncated(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
+			  unsigned nfds, unsigned reserve, struct qwire *w,
+			  int *fds)
+{
+	unsigned got, i;
+	ssize_t n;
+	int ret;
+
+	do {
+		n = recv(q->sfd[1], w, sizeof(*w), MSG_PEEK | MSG_DONTWAIT);
+	} while (n < 0 && errno == EINTR);
+	if (n != sizeof(*w) || w->tag > tag)
+		return 1;
+	if (w->tag == tag && reserve) {
+		ret = fd_reserve(q->sfd[1], reserve);
+		if (ret < 0)
+			return ret;
+	}
+	got = SCM_MAX_FDS;
+	n = fd_recv(q->sfd[1], w, sizeof(*w), fds, &got, MSG_DONTWAIT);
+	if (n < 0 && n != -EBADMSG)
+		return 1;
+	if (n == sizeof(*w) && w->tag == tag && w->nsegs == nsegs &&
+	    w->nfds == nfds && got == nfds)
+		return 0;
+	for (i = 0; i < got; i++)
+		close(fds[i]);
+	return n == sizeof(*w) && w->tag == tag ? 1 : 2;
+}
+
+/*
  * Under the segment lock: take the socket message tagged @tag, which must
  * carry @nsegs segments and @nfds fds, into @w and @fds, dropping older
  * messages that dead senders or receivers left behind.  Room for @reserve
  * fds is checked before anything is consumed.  0: taken; 1: it is gone (a
  * receiver died holding it, or it is malformed), skip the slot; -EMFILE:
  * no room for the fds, nothing was consumed.
+ *
+ * A peek with a control buffer installs the message's fds and leaves the
+ * message queued; out of fds it comes back truncated (MSG_CTRUNC), and
+ * then take_truncated() does the careful dance.  Otherwise a plain recv()
+ * consumes the message (the kernel drops its own references to the fds):
+ * two system calls a message.
  */
 int q_sock_take(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
 		unsigned nfds, unsigned reserve, struct qwire *w, int *fds)
 {
+	struct qwire skip;
 	unsigned got, i;
 	ssize_t n;
 	int ret;
 
 	for (;;) {
-		n = recv(q->sfd[1], w, sizeof(*w), MSG_PEEK | MSG_DONTWAIT);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n != sizeof(*w) || w->tag > tag)
-			return 1;
-		/*
-		 * Out of fds, recvmsg() would take the message and drop its
-		 * fds (MSG_CTRUNC): check first, and leave it queued.
-		 */
-		if (w->tag == tag && reserve) {
-			ret = fd_reserve(q->sfd[1], reserve);
-			if (ret < 0)
-				return ret;
-		}
 		got = SCM_MAX_FDS;
-		n = fd_recv(q->sfd[1], w, sizeof(*w), fds, &got, MSG_DONTWAIT);
-		if (n < 0 && n != -EBADMSG)
+		n = fd_recv(q->sfd[1], w, sizeof(*w), fds, &got,
+			    MSG_PEEK | MSG_DONTWAIT);
+		if (n == -EBADMSG) {
+			ret = take_truncated(q, tag, nsegs, nfds, reserve, w,
+					     fds);
+			if (ret != 2)
+				return ret;
+			continue;
+		}
+		if (n < 0)
 			return 1;
-		if (n == sizeof(*w) && w->tag == tag && w->nsegs == nsegs &&
-		    w->nfds == nfds && got == nfds)
+		if (n != sizeof(*w) || w->tag > tag) {
+			for (i = 0; i < got; i++)
+				close(fds[i]);
+			return 1;
+		}
+		do {
+			n = recv(q->sfd[1], &skip, sizeof(skip), MSG_DONTWAIT);
+		} while (n < 0 && errno == EINTR);
+		if (w->tag == tag && w->nsegs == nsegs && w->nfds == nfds &&
+		    got == nfds)
 			return 0;
 		for (i = 0; i < got; i++)
 			close(fds[i]);
-		if (n == sizeof(*w) && w->tag == tag)
+		if (w->tag == tag)
 			return 1;
 	}
 }
