@@ -76,6 +76,11 @@ struct backend_ops {
 	void (*seg_created)(struct tshm_seg *seg, unsigned flags);
 	/* The name of a segment that arrived as @fd ("" when none). */
 	void (*seg_name)(int fd, char *name, size_t len);
+	/*
+	 * A received segment keeps its fd for its life: seg_name() is
+	 * called at the first tshm_seg_name(), not at every receive.
+	 */
+	bool seg_name_lazy;
 	/* Optional: a received segment was mapped; under ctx->lock. */
 	void (*seg_adopted)(struct tshm_seg *seg);
 	/* The last reference went; before it leaves the cache. */

@@ -193,6 +193,7 @@ const struct backend_ops memfd_ops = {
 	.seg_create		= memfd_seg_create,
 	.seg_created		= memfd_seg_created,
 	.seg_name		= memfd_seg_name,
+	.seg_name_lazy		= true,	/* readlink(), 3 us a receive */
 	.seg_destroy		= memfd_seg_destroy,
 	.seg_released_now	= memfd_seg_released_now,
 	.seg_release_pollfds	= memfd_seg_release_pollfds,

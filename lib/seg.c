@@ -143,11 +143,13 @@ int seg_adopt(struct tshm_ctx *ctx, int fd, uint64_t id, size_t size,
 	int ret;
 
 	/*
-	 * The name, read before the segment is shared so that
-	 * tshm_seg_name() is a plain read (and so that the fd, which a
-	 * mapping may outlive, is needed only now).
+	 * The name, read before the segment is shared, since the fd, which
+	 * a mapping may outlive, may be closed after; or at the first
+	 * tshm_seg_name() where the backend keeps the fd.
 	 */
-	ctx->ops->seg_name(fd, name, sizeof(name));
+	name[0] = '\0';
+	if (!ctx->ops->seg_name_lazy)
+		ctx->ops->seg_name(fd, name, sizeof(name));
 	pthread_mutex_lock(&ctx->lock);
 	seg = seg_cache_lookup_locked(ctx, id);
 	if (seg) {
@@ -160,6 +162,7 @@ int seg_adopt(struct tshm_ctx *ctx, int fd, uint64_t id, size_t size,
 	ret = seg_new(ctx, fd, id, size, &seg);
 	if (ret == 0) {
 		memcpy(seg->name, name, sizeof(seg->name));
+		atomic_init(&seg->name_pending, ctx->ops->seg_name_lazy);
 		if (ctx->ops->seg_adopted)
 			ctx->ops->seg_adopted(seg);
 		seg_cache_insert_locked(ctx, seg);
@@ -251,7 +254,19 @@ uint64_t tshm_seg_id(const struct tshm_seg *seg)
 TSHM_EXPORT
 const char *tshm_seg_name(const struct tshm_seg *seg)
 {
-	return seg->name;	/* set before the segment was shared */
+	struct tshm_seg *s = (struct tshm_seg *)seg;	/* the name, once */
+
+	if (atomic_load_explicit(&s->name_pending, memory_order_acquire)) {
+		pthread_mutex_lock(&s->ctx->lock);
+		if (atomic_load_explicit(&s->name_pending,
+					 memory_order_relaxed)) {
+			s->ctx->ops->seg_name(s->fd, s->name, sizeof(s->name));
+			atomic_store_explicit(&s->name_pending, false,
+					      memory_order_release);
+		}
+		pthread_mutex_unlock(&s->ctx->lock);
+	}
+	return seg->name;
 }
 
 TSHM_EXPORT

@@ -117,6 +117,8 @@ struct tshm_seg {
 	size_t size;
 	int fd;				/* -1: module, received (mapping) */
 	bool creator;
+	/* @name is to be read from @fd (ops->seg_name_lazy); under ctx->lock. */
+	atomic_bool name_pending;
 	char name[TSHM_SEG_NAME_MAX + 1];
 
 	/*
