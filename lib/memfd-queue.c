@@ -84,7 +84,7 @@ static int recv_fds(struct tshm_queue *q, struct q_rx *rx)
 	struct qwire w;
 	int ret;
 
-	ret = q_sock_take(q, rx->tag, nsegs, n, n, &w, fds);
+	ret = q_sock_take(q, rx->tag, nsegs, n, &w, fds);
 	if (ret)
 		return ret;
 	memcpy(rx->gen, w.gen, nsegs * sizeof(rx->gen[0]));

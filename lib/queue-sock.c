@@ -61,92 +61,75 @@ int q_sock_send(struct tshm_queue *q, struct qwire *w, const int *fds,
 	return ret;
 }
 
-/*
- * The slow path of q_sock_take() for a message whose peek came back
- * truncated: out of fds, or malformed (too long, too many fds).  Peek its
- * header alone; if it is the one wanted, check room for @reserve fds
- * before anything is consumed; then take it.  Returns as q_sock_take(),
- * or 2: an older message was dropped, look again.
- */
-static int take_truncated(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
-			  unsigned nfds, unsigned reserve, struct qwire *w,
-			  int *fds)
+/* recv() of a socket message's first bytes, its fds not installed. */
+static ssize_t sock_recv(int sock, struct qwire *w, int flags)
 {
-	unsigned got, i;
 	ssize_t n;
-	int ret;
 
 	do {
-		n = recv(q->sfd[1], w, sizeof(*w), MSG_PEEK | MSG_DONTWAIT);
+		n = recv(sock, w, sizeof(*w), flags | MSG_DONTWAIT);
 	} while (n < 0 && errno == EINTR);
-	if (n != sizeof(*w) || w->tag > tag)
-		return 1;
-	if (w->tag == tag && reserve) {
-		ret = fd_reserve(q->sfd[1], reserve);
-		if (ret < 0)
-			return ret;
-	}
-	got = SCM_MAX_FDS;
-	n = fd_recv(q->sfd[1], w, sizeof(*w), fds, &got, MSG_DONTWAIT);
-	if (n < 0 && n != -EBADMSG)
-		return 1;
-	if (n == sizeof(*w) && w->tag == tag && w->nsegs == nsegs &&
-	    w->nfds == nfds && got == nfds)
-		return 0;
-	for (i = 0; i < got; i++)
-		close(fds[i]);
-	return n == sizeof(*w) && w->tag == tag ? 1 : 2;
+	return n;
 }
 
 /*
  * Under the segment lock: take the socket message tagged @tag, which must
  * carry @nsegs segments and @nfds fds, into @w and @fds, dropping older
- * messages that dead senders or receivers left behind.  Room for @reserve
- * fds is checked before anything is consumed.  0: taken; 1: it is gone (a
- * receiver died holding it, or it is malformed), skip the slot; -EMFILE:
- * no room for the fds, nothing was consumed.
+ * messages that dead senders or receivers left behind.  0: taken; 1: it
+ * is gone (a receiver died holding it, or it is malformed), skip the
+ * slot; -EMFILE: no room for its fds in this process, nothing consumed.
  *
- * A peek with a control buffer installs the message's fds and leaves the
- * message queued; out of fds it comes back truncated (MSG_CTRUNC), and
- * then take_truncated() does the careful dance.  Otherwise a plain recv()
- * consumes the message (the kernel drops its own references to the fds):
- * two system calls a message.
+ * Three system calls: a peek at the header, so that no fds but the
+ * wanted message's are ever installed here (a close() has side effects:
+ * it drops this process's POSIX locks on the file); a peek with a control
+ * buffer, which installs them and leaves the message queued; a recv()
+ * that consumes it without them (the kernel drops its own references).
+ * Out of fds the second peek comes back truncated (MSG_CTRUNC), having
+ * installed some, which are closed: the message is left queued.
  */
 int q_sock_take(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
-		unsigned nfds, unsigned reserve, struct qwire *w, int *fds)
+		unsigned nfds, struct qwire *w, int *fds)
 {
-	struct qwire skip;
+	int sock = q->sfd[1], tries = 0, ret;
+	struct qwire head;
 	unsigned got, i;
 	ssize_t n;
-	int ret;
 
 	for (;;) {
-		got = SCM_MAX_FDS;
-		n = fd_recv(q->sfd[1], w, sizeof(*w), fds, &got,
-			    MSG_PEEK | MSG_DONTWAIT);
-		if (n == -EBADMSG) {
-			ret = take_truncated(q, tag, nsegs, nfds, reserve, w,
-					     fds);
-			if (ret != 2)
-				return ret;
-			continue;
-		}
-		if (n < 0)
+		n = sock_recv(sock, &head, MSG_PEEK);
+		if (n != sizeof(head) || head.tag > tag)
 			return 1;
-		if (n != sizeof(*w) || w->tag > tag) {
-			for (i = 0; i < got; i++)
-				close(fds[i]);
-			return 1;
-		}
-		do {
-			n = recv(q->sfd[1], &skip, sizeof(skip), MSG_DONTWAIT);
-		} while (n < 0 && errno == EINTR);
-		if (w->tag == tag && w->nsegs == nsegs && w->nfds == nfds &&
-		    got == nfds)
-			return 0;
-		for (i = 0; i < got; i++)
-			close(fds[i]);
-		if (w->tag == tag)
-			return 1;
+		if (head.tag == tag)
+			break;
+		sock_recv(sock, &head, 0);	/* older: dropped, fds and all */
 	}
+	for (;;) {
+		got = SCM_MAX_FDS;
+		n = fd_recv(sock, w, sizeof(*w), fds, &got,
+			    MSG_PEEK | MSG_DONTWAIT);
+		if (n != -EBADMSG)
+			break;
+		/*
+		 * Truncated: out of fds, or malformed (too long, too many
+		 * fds).  With room for @nfds, look once more (another thread
+		 * may have just closed some), then drop it.
+		 */
+		ret = fd_reserve(sock, nfds);
+		if (ret < 0)
+			return ret;
+		if (++tries == 2) {
+			sock_recv(sock, &head, 0);
+			return 1;
+		}
+	}
+	if (n < 0)
+		return 1;
+	n = sock_recv(sock, &head, 0);
+	if (n == sizeof(*w) && head.tag == tag && w->tag == tag &&
+	    w->nsegs == nsegs && w->nfds == nfds && got == nfds)
+		return 0;
+	/* Malformed, or not the message peeked at (nothing else reads). */
+	for (i = 0; i < got; i++)
+		close(fds[i]);
+	return 1;
 }

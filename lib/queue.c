@@ -554,7 +554,7 @@ static int q_take_fds(struct tshm_queue *q, const struct qmsg *m, int *fds)
 	struct qwire w;
 	int ret;
 
-	ret = q_sock_take(q, m->fdtag, 0, m->nfds, m->nfds, &w, got);
+	ret = q_sock_take(q, m->fdtag, 0, m->nfds, &w, got);
 	if (ret == 0)
 		memcpy(fds, got, m->nfds * sizeof(*fds));
 	return ret;

@@ -294,7 +294,7 @@ int q_sock_check(const int *fds, int *sfd);
 int q_sock_send(struct tshm_queue *q, struct qwire *w, const int *fds,
 		unsigned nfds, uint64_t *tag);
 int q_sock_take(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
-		unsigned nfds, unsigned reserve, struct qwire *w, int *fds);
+		unsigned nfds, struct qwire *w, int *fds);
 
 /* queue-export.c: the fds that make a queue, in the order they travel */
 int q_fds(const struct tshm_queue *q, int *fds);

@@ -85,6 +85,7 @@ ssize_t fd_recv(int sock, void *buf, size_t len, int *fds, unsigned *nfds,
 	bool trunc = false;
 	ssize_t n;
 
+	*nfds = 0;
 	do {
 		n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | flags);
 	} while (n < 0 && errno == EINTR);

@@ -126,6 +126,35 @@ def test_thread_budget_and_tensor_args(method):
         tshm.torch.uninstall()
 
 
+def _quantized_threads(rank, q):
+    """The threads a QNNPACK op adds to this worker: torch's pthreadpool,
+    which only set_num_threads() sizes (get_num_threads() is OpenMP's)."""
+    def tasks():
+        return len(os.listdir("/proc/self/task"))
+    torch.backends.quantized.engine = "qnnpack"
+    lin = torch.ao.nn.quantized.Linear(64, 64)
+    x = torch.quantize_per_tensor(torch.randn(8, 64), 0.1, 0, torch.quint8)
+    before = tasks()
+    lin(x)
+    q.put((rank, tasks() - before))
+
+
+@pytest.mark.skipif("qnnpack" not in
+                    torch.backends.quantized.supported_engines,
+                    reason="this torch has no QNNPACK")
+@pytest.mark.parametrize("method", METHODS)
+def test_thread_budget_sizes_the_pthreadpool(method):
+    """Without set_num_threads() in the worker torch's pthreadpool takes
+    a thread per CPU at its first QNNPACK op, whatever OpenMP's size."""
+    budget = max(1, len(os.sched_getaffinity(0)) // 2)
+    q = tshm.Queue()
+    tshm.torch.spawn(_quantized_threads, args=(q,), nprocs=2,
+                     start_method=method)
+    got = sorted(q.get(timeout=10) for _ in range(2))
+    # At most budget - 1 pool threads, and as many of OpenMP's.
+    assert all(added <= 2 * (budget - 1) for _, added in got), got
+
+
 def _arg_in_segment(rank, q, x, bare):
     s = x.untyped_storage() if hasattr(x, "untyped_storage") \
         else x.storage().untyped()

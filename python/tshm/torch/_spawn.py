@@ -317,16 +317,15 @@ def _sync_thread_vars():
 
 def _apply_thread_budget():
     """Size torch's pools to the budget the library put in
-    OMP_NUM_THREADS.  Only where torch has another size: in a fork,
-    torch's first set_num_threads() builds its pthreadpool afresh (torch
-    drops the parent's at fork) and rebuilds it at the new size, about
-    5 ms of CPU a worker, which made 16 forked workers slower to start
-    than torch's own fork start method."""
+    OMP_NUM_THREADS.  Always, even where torch.get_num_threads() already
+    says so: that is OpenMP's size only, and set_num_threads() also sizes
+    torch's pthreadpool (QNNPACK, XNNPACK), which otherwise takes every
+    CPU.  In a fork it costs about 5 ms of CPU (torch builds the pool
+    afresh there, then again at the new size)."""
     threads = os.environ.get("OMP_NUM_THREADS")
     import torch
     if threads and threads.isdigit() and int(threads) > 0:
-        if torch.get_num_threads() != int(threads):
-            torch.set_num_threads(int(threads))
+        torch.set_num_threads(int(threads))
 
 
 def _forked_worker(fn, args, bfd, rank):
