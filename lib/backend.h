@@ -78,7 +78,10 @@ struct backend_ops {
 	void (*seg_name)(int fd, char *name, size_t len);
 	/*
 	 * A received segment keeps its fd for its life: seg_name() is
-	 * called at the first tshm_seg_name(), not at every receive.
+	 * called at the first tshm_seg_name(), not at every receive (a
+	 * readlink() of /proc/self/fd/N, 3 us).  So the name is what that
+	 * fd number names then: a process that closed fds it did not open
+	 * (a forkserver's child), or lost /proc, gets a wrong or empty one.
 	 */
 	bool seg_name_lazy;
 	/* Optional: a received segment was mapped; under ctx->lock. */
