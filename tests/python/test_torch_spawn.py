@@ -219,6 +219,30 @@ def test_a_failed_set_fails_every_join():
         assert info.value.error_index == 1 and info.value.exit_code == 3
 
 
+def _leave_a_thread_behind(rank, path):
+    import threading
+
+    def late():
+        time.sleep(0.5)
+        with open(f"{path}.{rank}", "w") as f:
+            f.write("done")
+    threading.Thread(target=late).start()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_workers_wait_for_their_non_daemon_threads(tmp_path, method):
+    """A worker whose fn returns while a non-daemon thread it started
+    still runs ends as a Python process (and torch's workers) end: after
+    that thread.  A forked worker leaves with _exit(), which waits for
+    nothing unless told."""
+    path = str(tmp_path / "late")
+    tshm.torch.spawn(_leave_a_thread_behind, args=(path,), nprocs=2,
+                     start_method=method)
+    for rank in range(2):
+        with open(f"{path}.{rank}") as f:
+            assert f.read() == "done"
+
+
 def _length(rank, q, blob):
     q.put(len(blob))
 

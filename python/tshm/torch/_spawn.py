@@ -286,16 +286,20 @@ def _forked(body, rank, board):
     fork start method runs its target (Process._bootstrap).  What the
     caller registered with multiprocessing is reset for the fork (a
     Queue's feeder thread is not in it) and its finalizers and children
-    are the caller's, not the worker's; the worker's finalizers run at
-    its end (a Queue's feeder flushes what was put), since it leaves
-    with _exit()."""
+    are the caller's, not the worker's.  It leaves with _exit(), which
+    waits for nothing: as Process._bootstrap() does, its finalizers run
+    first (a Queue's feeder flushes what was put), then it waits for its
+    non-daemon threads, as a Python process ending does."""
     from multiprocessing import process, util
     process._children = set()
     util._finalizer_registry.clear()
     util._run_after_forkers()
     code = body(rank, board)
-    util._exit_function()
-    _flush_std_streams()
+    try:
+        util._exit_function()
+        threading._shutdown()
+    finally:
+        _flush_std_streams()
     return code
 
 
