@@ -243,6 +243,50 @@ def test_workers_wait_for_their_non_daemon_threads(tmp_path, method):
             assert f.read() == "done"
 
 
+_WHO_AM_I = """
+import multiprocessing as mp, os, sys
+import tshm, tshm.torch
+
+def who(rank, q):
+    me, parent = mp.current_process(), mp.parent_process()
+    q.put((rank, me.name, me.daemon, me._identity, me.pid == os.getpid(),
+           parent.pid, parent.is_alive(), mp.get_start_method(),
+           sys.stdin.read()))
+
+if __name__ == "__main__":
+    q = tshm.Queue()
+    mp.Process(target=print).start()    # takes ForkProcess-1
+    tshm.torch.spawn(who, args=(q,), nprocs=2, start_method=sys.argv[1],
+                     daemon=sys.argv[1] == "fork")
+    for got in sorted(q.get(timeout=60) for _ in range(2)):
+        print(*got, sep="|")
+    print(os.getpid())
+"""
+
+
+@_HOST_ONLY    # nothing of the module's, and torch imported once more
+@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
+def test_workers_are_multiprocessing_processes_as_torchs(tmp_path, method):
+    """In a worker, multiprocessing says what it says in torch's (whose
+    workers are the start method's Process objects): its name and
+    identity from the caller's counter, the daemon flag spawn() was
+    given, the caller as parent_process(), the start method; and stdin
+    is /dev/null: a forked worker used to read the caller's input."""
+    script = tmp_path / "who.py"
+    script.write_text(_WHO_AM_I)
+    out = subprocess.run([sys.executable, str(script), method],
+                         input="for the caller\n", capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    *lines, caller = out.stdout.split()
+    cls = {"fork": "ForkProcess", "spawn": "SpawnProcess",
+           "forkserver": "ForkServerProcess"}[method]
+    daemon = str(method == "fork")
+    assert lines == [
+        f"0|{cls}-2|{daemon}|(2,)|True|{caller}|True|{method}|",
+        f"1|{cls}-3|{daemon}|(3,)|True|{caller}|True|{method}|"]
+
+
 def _length(rank, q, blob):
     q.put(len(blob))
 

@@ -28,6 +28,8 @@ What a worker needs and says travels in two memfds the workers inherit
   its traceback before it exits with status 1.
 """
 
+import itertools
+import multiprocessing
 import os
 import pickle
 import subprocess
@@ -35,8 +37,8 @@ import sys
 import threading
 import time
 import traceback
-from multiprocessing import (context, reduction, resource_sharer,
-                             spawn as mp_spawn)
+from multiprocessing import (context, process, reduction, resource_sharer,
+                             spawn as mp_spawn, util)
 
 from .._tshm import _Procs
 from ._reductions import sending_as_tshm
@@ -164,7 +166,9 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
           start_method="spawn"):
     """Start nprocs processes running fn(rank, *args), as
     torch.multiprocessing.spawn does.  Workers always die with this
-    process (daemon is accepted for compatibility).  start_method "spawn"
+    process; daemon is what multiprocessing.current_process().daemon
+    says in them (a daemonic worker may not start processes), as in
+    torch's.  start_method "spawn"
     (each worker a fresh interpreter: safe with threads and CUDA, slow),
     "forkserver" (each worker a fork of a zygote that imported torch:
     safe and fast once the zygote runs) or "fork" (each worker a fork of
@@ -177,17 +181,19 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
         raise ValueError("nprocs must be at least 1")
     # The caller's own thread settings win over the budget.
     env = {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}
+    whos = _identities(start_method, nprocs, daemon)
     if start_method == "fork":
         ctx = _start_forks(
-            lambda rank, board: _forked_worker(fn, args, board, rank),
+            lambda rank, board: _forked_worker(fn, args, board, rank,
+                                               whos[rank]),
             nprocs, env)
         return _finish(ctx, join)
     prep, calls = _payload(fn, args, nprocs)
     if start_method == "forkserver":
         from ._zygote import ZygoteProcs
-        procs = ZygoteProcs(prep, calls, nprocs, env)
+        procs = ZygoteProcs(prep, calls, whos, env)
         return _finish(ProcessContext(procs, None, nprocs), join)
-    payload = pickle.dumps((prep, calls), protocol=5)
+    payload = pickle.dumps((prep, calls, whos), protocol=5)
     pfd = os.memfd_create("tshm-spawn-payload", 0)
     board = os.memfd_create("tshm-spawn-errors", os.MFD_CLOEXEC)
     try:
@@ -254,6 +260,49 @@ def _payload(fn, args, nprocs):
         context.set_spawning_popen(outer)
 
 
+def _identities(method, nprocs, daemon):
+    """Who each worker is for multiprocessing, as torch's workers (the
+    start method's Process objects) are: a name and an identity from
+    this process's counter (ForkProcess-3), the daemon flag, and this
+    process as the parent."""
+    me = process.current_process()
+    cls = multiprocessing.get_context(method).Process
+    whos = []
+    for _ in range(nprocs):
+        identity = me._identity + (next(process._process_counter),)
+        name = f"{cls.__name__}-{':'.join(map(str, identity))}"
+        whos.append((method, name, identity, bool(daemon), os.getpid(),
+                     me.name))
+    return whos
+
+
+def _become(who):
+    """Make this worker what multiprocessing's Process._bootstrap() makes
+    a child: current_process() its Process object, parent_process() the
+    caller (its pidfd the sentinel), the start method its own, a counter
+    and children of its own, and stdin /dev/null (a forked worker would
+    read what was meant for the caller)."""
+    method, name, identity, daemon, ppid, pname = who
+    context._force_start_method(method)
+    process._children = set()
+    util._close_stdin()
+    me = multiprocessing.get_context(method).Process(name=name,
+                                                     daemon=daemon)
+    me._identity = identity
+    me._parent_pid, me._parent_name = ppid, pname
+    process._process_counter = itertools.count(1)
+    process._current_process = me
+    try:
+        sentinel = os.pidfd_open(ppid)
+    except (AttributeError, OSError):   # Linux < 5.3: no parent to show
+        process._parent_process = None
+    else:
+        process._parent_process = process._ParentProcess(pname, ppid,
+                                                         sentinel)
+    if threading._HAVE_THREAD_NATIVE_ID:
+        threading.main_thread()._set_native_id()
+
+
 def _finish(ctx, join):
     """spawn()'s result for a started set."""
     if not join:
@@ -290,7 +339,6 @@ def _forked(body, rank, board):
     waits for nothing: as Process._bootstrap() does, its finalizers run
     first (a Queue's feeder flushes what was put), then it waits for its
     non-daemon threads, as a Python process ending does."""
-    from multiprocessing import process, util
     process._children = set()
     util._finalizer_registry.clear()
     util._run_after_forkers()
@@ -332,10 +380,11 @@ def _apply_thread_budget():
         torch.set_num_threads(int(threads))
 
 
-def _forked_worker(fn, args, bfd, rank):
+def _forked_worker(fn, args, bfd, rank, who):
     """The body of a forked worker: its exit status."""
     code = 0
     try:
+        _become(who)
         _sync_thread_vars()
         _apply_thread_budget()
         from . import install
@@ -381,9 +430,10 @@ def _read_all(fd):
 def _worker(pfd, bfd, rank, nprocs):
     pfd, bfd, rank = int(pfd), int(bfd), int(rank)
     try:
-        prep, calls = pickle.loads(_read_all(pfd))
+        prep, calls, whos = pickle.loads(_read_all(pfd))
         os.close(pfd)
         mp_spawn.prepare(prep)
+        _become(whos[rank])
         _apply_thread_budget()
         from . import install
         install()

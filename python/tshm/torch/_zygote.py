@@ -17,7 +17,7 @@ The caller talks to the zygote over a multiprocessing Connection (a
 socket pair the zygote inherits), one request at a time; the zygote
 first says ("ok", its pid) once it imported torch, then answers:
 
-    ("spawn", prep, calls, nprocs, env, environ) -> ("ok", pids)
+    ("spawn", prep, calls, whos, env, environ)   -> ("ok", pids)
     ("join", key, timeout)                       -> ("ok", (result, tb))
     ("close", key)                               -> ("ok", None)
 
@@ -215,10 +215,10 @@ class ZygoteProcs:
     """A set of workers forked by the zygote, with _Procs's interface
     (join, pids, close) plus the traceback of a failed rank."""
 
-    def __init__(self, prep, calls, nprocs, env):
+    def __init__(self, prep, calls, whos, env):
         try:
             self._pids, self._life = _request(
-                ("spawn", prep, calls, nprocs, env, dict(os.environ)),
+                ("spawn", prep, calls, whos, env, dict(os.environ)),
                 retry=True)
         except ZygoteLost as e:
             raise RuntimeError(f"tshm.torch.spawn: the forkserver zygote "
@@ -265,7 +265,7 @@ class ZygoteProcs:
 
 # -- in the zygote --------------------------------------------------------
 
-def _run(prep, call, environ, board, rank):
+def _run(prep, call, who, environ, board, rank):
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # The caller's environment of this spawn(), with the thread budget
     # the library set in this fork's C environment.
@@ -277,17 +277,17 @@ def _run(prep, call, environ, board, rank):
     os.environ.update(budget)
     mp_spawn.prepare(prep)
     fn, args = pickle.loads(call)
-    return _spawn._forked_worker(fn, args, board, rank)
+    return _spawn._forked_worker(fn, args, board, rank, who)
 
 
 def _handle(req, sets):
     """The reply to one request."""
     if req[0] == "spawn":
-        _, prep, calls, nprocs, env, environ = req
+        _, prep, calls, whos, env, environ = req
         ctx = _spawn._start_forks(
-            lambda rank, board: _run(prep, calls[rank], environ, board,
-                                     rank),
-            nprocs, env)
+            lambda rank, board: _run(prep, calls[rank], whos[rank],
+                                     environ, board, rank),
+            len(whos), env)
         sets[ctx.pids()[0]] = ctx
         return ctx.pids()
     if req[0] == "join":
