@@ -53,10 +53,11 @@ _ALIGN = 64      # copied buffers start on a cache line
 #: cheaper than making and mapping a segment below about this size).
 OOB_THRESHOLD = 32 * 1024
 
-#: Types that pickle saves itself and that no hook here reduces.  The
-#: pickler asks reducer_override() about every object but ints, floats,
-#: strs and bytes: a tensor's message holds about ten tuples and
-#: functions, and answering those first saves most of the hook's time.
+#: Types that pickle saves itself and that no hook here reduces, answered
+#: first.  The C pickler asks reducer_override() about every object it has
+#: no fast path for, functions and classes included (a tensor's message
+#: names two, the callables of its reduce values); the pure-Python one
+#: (_SlowEncoder) asks about every object.
 PICKLED_AS_IS = frozenset({tuple, list, dict, set, frozenset, type,
                            types.FunctionType, types.BuiltinFunctionType})
 

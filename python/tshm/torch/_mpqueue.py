@@ -50,9 +50,6 @@ import multiprocessing.reduction as _mpred
 from .. import _queue, _reduction
 from .._tshm import QUEUE_MAX_SEGS, Segment
 
-#: ForkingPickler.register() adds to this dict, in place.
-_extra_reducers = _mpred.ForkingPickler._extra_reducers
-
 #: Messages a queue made with maxsize=0 holds.
 DEFAULT_CAPACITY = 1024
 #: Bytes of pickle one message carries in the ring: a batch of a few
@@ -94,12 +91,12 @@ class _Reducers:
             if ref is not None:
                 return ref
             return NotImplemented     # copyreg's table: an fd
-        reduce = _extra_reducers.get(t)
+        reduce = _mpred.ForkingPickler._extra_reducers.get(t)
         if reduce is not None:
             return reduce(obj)
         if t in _queue.PICKLED_AS_IS:
             return NotImplemented
-        return _queue._Hooks.reducer_override(self, obj)
+        return super().reducer_override(obj)
 
 
 class _Encoder(_Reducers, _queue._Encoder):
