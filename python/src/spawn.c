@@ -23,8 +23,9 @@
  * between PyOS_BeforeFork() and PyOS_AfterFork_Parent() as os.fork() does,
  * and each worker, a fork of that supervisor and so of this thread, calls
  * PyOS_AfterFork_Child() and then target(rank, nprocs), whose result is its
- * exit status.  Safe where os.fork() is: not once the interpreter has
- * threads that hold locks, or CUDA.
+ * exit status (an exception, SystemExit included, is 1, and nothing of
+ * the interpreter is finalized).  Safe where os.fork() is: not once the
+ * interpreter has threads that hold locks, or CUDA.
  */
 #include "pytshm.h"
 
@@ -92,7 +93,15 @@ static int python_entry(int rank, int nprocs, void *arg)
 		code = PyLong_Check(res) ? PyLong_AsLong(res) : 1;
 		Py_DECREF(res);
 	}
-	if (PyErr_Occurred())
+	/*
+	 * What escaped the target is status 1, as what escapes a
+	 * multiprocessing child's _bootstrap() is.  Not PyErr_Print() for a
+	 * SystemExit: it would finalize the interpreter, running in this
+	 * fork the exit handlers the caller registered.
+	 */
+	if (PyErr_ExceptionMatches(PyExc_SystemExit))
+		PyErr_Clear();
+	else if (PyErr_Occurred())
 		PyErr_Print();
 	return code >= 0 && code <= 255 ? (int)code : 1;
 }

@@ -245,17 +245,36 @@ def test_workers_wait_for_their_non_daemon_threads(tmp_path, method):
 
 _WHO_AM_I = """
 import multiprocessing as mp, os, sys
+from multiprocessing import util
 import tshm, tshm.torch
+
+IMPORTED_AS = mp.current_process().name     # spawn, forkserver: in the worker
+HOOKS = []
+
+
+class Hook:
+    pass
+
+
+HOOK = Hook()
+util.register_after_fork(HOOK, lambda _: HOOKS.append(mp.current_process().name))
+
 
 def who(rank, q):
     me, parent = mp.current_process(), mp.parent_process()
+    try:
+        tshm.torch.spawn(int, nprocs=1, start_method="fork")
+        nested = "ok"
+    except AssertionError:
+        nested = "refused"
     q.put((rank, me.name, me.daemon, me._identity, me.pid == os.getpid(),
            parent.pid, parent.is_alive(), mp.get_start_method(),
-           sys.stdin.read()))
+           IMPORTED_AS, HOOKS, nested, sys.stdin.read()))
+
 
 if __name__ == "__main__":
     q = tshm.Queue()
-    mp.Process(target=print).start()    # takes ForkProcess-1
+    mp.Process(target=int).start()      # takes the counter's 1
     tshm.torch.spawn(who, args=(q,), nprocs=2, start_method=sys.argv[1],
                      daemon=sys.argv[1] == "fork")
     for got in sorted(q.get(timeout=60) for _ in range(2)):
@@ -269,22 +288,69 @@ if __name__ == "__main__":
 def test_workers_are_multiprocessing_processes_as_torchs(tmp_path, method):
     """In a worker, multiprocessing says what it says in torch's (whose
     workers are the start method's Process objects): its name and
-    identity from the caller's counter, the daemon flag spawn() was
-    given, the caller as parent_process(), the start method; and stdin
-    is /dev/null: a forked worker used to read the caller's input."""
+    identity from the caller's counter, already while the main module is
+    imported again and when the at-fork hooks run, the daemon flag
+    spawn() was given (a daemonic worker may not start a set), the
+    caller as parent_process(), the start method; and stdin is
+    /dev/null: a forked worker used to read the caller's input."""
     script = tmp_path / "who.py"
     script.write_text(_WHO_AM_I)
     out = subprocess.run([sys.executable, str(script), method],
                          input="for the caller\n", capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    *lines, caller = out.stdout.split()
+    *lines, caller = out.stdout.split("\n")[:-1]
     cls = {"fork": "ForkProcess", "spawn": "SpawnProcess",
            "forkserver": "ForkServerProcess"}[method]
-    daemon = str(method == "fork")
-    assert lines == [
-        f"0|{cls}-2|{daemon}|(2,)|True|{caller}|True|{method}|",
-        f"1|{cls}-3|{daemon}|(3,)|True|{caller}|True|{method}|"]
+    daemon = method == "fork"
+    expect = []
+    for rank in range(2):
+        name = f"{cls}-{rank + 2}"
+        imported = "MainProcess" if method == "fork" else name
+        expect.append(f"{rank}|{name}|{daemon}|({rank + 2},)|True|{caller}|"
+                      f"True|{method}|{imported}|[{name!r}]|"
+                      f"{'refused' if daemon else 'ok'}|")
+    assert lines == expect
+
+
+_EXIT_IN_THE_WAIT = """
+import atexit, os, signal, sys, threading, time
+import tshm.torch
+
+atexit.register(lambda: os.getpid() != int(os.environ["CALLER"]) and
+                print("an exit handler ran in a worker", flush=True))
+
+
+def fn(rank):
+    if rank == 0:
+        signal.signal(signal.SIGALRM, lambda *a: sys.exit(5))
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        threading.Thread(target=time.sleep, args=(1,)).start()
+
+
+if __name__ == "__main__":
+    os.environ["CALLER"] = str(os.getpid())
+    try:
+        tshm.torch.spawn(fn, nprocs=2, start_method=sys.argv[1])
+    except Exception as e:
+        print(type(e).__name__, e.error_index, e.exit_code)
+"""
+
+
+@_HOST_ONLY
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_an_exit_while_waiting_for_threads_runs_no_exit_handler(tmp_path,
+                                                                method):
+    """sys.exit() in a signal handler while a forked worker waits for its
+    threads is exit status 1, as in torch's workers, not an interpreter
+    shutdown in the fork running the exit handlers it inherited or
+    registered (those of the caller's main module)."""
+    script = tmp_path / "exit.py"
+    script.write_text(_EXIT_IN_THE_WAIT)
+    out = subprocess.run([sys.executable, str(script), method],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "ProcessExitedException 0 1\n"
 
 
 def _length(rank, q, blob):

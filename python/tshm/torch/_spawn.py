@@ -179,6 +179,11 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
                          f"is not supported; use one of {START_METHODS}")
     if nprocs < 1:
         raise ValueError("nprocs must be at least 1")
+    if process.current_process().daemon:
+        # As multiprocessing's start() (an assert there): torch's spawn
+        # raises it from a daemonic process, a daemonic worker included.
+        raise AssertionError("daemonic processes are not allowed to have "
+                             "children")
     # The caller's own thread settings win over the budget.
     env = {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}
     whos = _identities(start_method, nprocs, daemon)
@@ -276,12 +281,21 @@ def _identities(method, nprocs, daemon):
     return whos
 
 
+def _prepared(prep, who):
+    """multiprocessing's preparation data for the worker who is: the
+    main module is imported under its name, as in torch's workers."""
+    return dict(prep, name=who[1])
+
+
 def _become(who):
     """Make this worker what multiprocessing's Process._bootstrap() makes
-    a child: current_process() its Process object, parent_process() the
-    caller (its pidfd the sentinel), the start method its own, a counter
-    and children of its own, and stdin /dev/null (a forked worker would
-    read what was meant for the caller)."""
+    a child before its target runs: current_process() its Process
+    object, parent_process() the caller (its pidfd the sentinel), the
+    start method its own, a counter and children of its own, stdin
+    /dev/null (a forked worker would read what was meant for the
+    caller), then the caller's finalizers dropped and the at-fork hooks
+    run (a Queue's feeder thread is not in a fork), which see the worker
+    as it now is."""
     method, name, identity, daemon, ppid, pname = who
     context._force_start_method(method)
     process._children = set()
@@ -301,6 +315,8 @@ def _become(who):
                                                          sentinel)
     if threading._HAVE_THREAD_NATIVE_ID:
         threading.main_thread()._set_native_id()
+    util._finalizer_registry.clear()
+    util._run_after_forkers()
 
 
 def _finish(ctx, join):
@@ -331,21 +347,19 @@ def _start_forks(body, nprocs, env):
 
 
 def _forked(body, rank, board):
-    """A forked worker: body(rank, board) as a child of multiprocessing's
-    fork start method runs its target (Process._bootstrap).  What the
-    caller registered with multiprocessing is reset for the fork (a
-    Queue's feeder thread is not in it) and its finalizers and children
-    are the caller's, not the worker's.  It leaves with _exit(), which
-    waits for nothing: as Process._bootstrap() does, its finalizers run
+    """A forked worker: body(rank, board), which starts with _become(),
+    then what Process._bootstrap() does after its target: the worker
+    leaves with _exit(), which waits for nothing, so its finalizers run
     first (a Queue's feeder flushes what was put), then it waits for its
-    non-daemon threads, as a Python process ending does."""
-    process._children = set()
-    util._finalizer_registry.clear()
-    util._run_after_forkers()
+    non-daemon threads, as a Python process ending does.  An exception
+    there (sys.exit() in a signal handler during the wait) is exit
+    status 1, as in torch's workers (python/src/spawn.c)."""
     code = body(rank, board)
     try:
-        util._exit_function()
-        threading._shutdown()
+        try:
+            util._exit_function()
+        finally:
+            threading._shutdown()
     finally:
         _flush_std_streams()
     return code
@@ -432,7 +446,7 @@ def _worker(pfd, bfd, rank, nprocs):
     try:
         prep, calls, whos = pickle.loads(_read_all(pfd))
         os.close(pfd)
-        mp_spawn.prepare(prep)
+        mp_spawn.prepare(_prepared(prep, whos[rank]))
         _become(whos[rank])
         _apply_thread_budget()
         from . import install

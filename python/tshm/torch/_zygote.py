@@ -275,7 +275,7 @@ def _run(prep, call, who, environ, board, rank):
     os.environ.clear()
     os.environ.update(environ)
     os.environ.update(budget)
-    mp_spawn.prepare(prep)
+    mp_spawn.prepare(_spawn._prepared(prep, who))
     fn, args = pickle.loads(call)
     return _spawn._forked_worker(fn, args, board, rank, who)
 
