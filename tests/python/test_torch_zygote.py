@@ -54,7 +54,8 @@ def _gone(pid, timeout=10):
             with open(f"/proc/{pid}/stat") as f:
                 if f.read().split(")")[-1].split()[0] == "Z":
                     return True
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
+            # Reaped before open(), or between open() and read() (ESRCH).
             return True
         time.sleep(0.05)
     return False
