@@ -2,7 +2,7 @@
 # libtshm: shared (libtshm.so.0, versioned symbols) and static, plus the
 # pkg-config file.  Every lib/*.c is part of the library.
 
-LIB_VERSION  := 0.4
+LIB_VERSION  := 0.5
 LIB_B        := $(B)/lib
 LIB_SRCS     := $(sort $(wildcard lib/*.c))
 LIB_HDRS     := lib/include/tshm.h lib/include/tshm-spawn.h $(wildcard lib/*.h) \

@@ -1462,6 +1462,34 @@ TSHM_EXPORT int tshm_procs_pid(const struct tshm_procs *p, int rank)
 	return p->board->rank[rank].pid;
 }
 
+TSHM_EXPORT int tshm_procs_status(struct tshm_procs *p, int rank,
+				  int *wstatus)
+{
+	struct spawn_rank *r;
+	bool orphaned = false;
+
+	if (!p || !wstatus || rank < 0 || rank >= p->nprocs)
+		return -EINVAL;
+	if (p->owner != getpid())
+		return -ECHILD;
+	r = &p->board->rank[rank];
+	if (!(__atomic_load_n(&r->flags, __ATOMIC_ACQUIRE) & RANK_EXITED) &&
+	    pthread_mutex_trylock(&p->lock) == 0) {
+		/* Only the board tells a supervisor that died from one alive. */
+		procs_update(p);
+		orphaned = p->failed;
+		pthread_mutex_unlock(&p->lock);
+	}
+	if (__atomic_load_n(&r->flags, __ATOMIC_ACQUIRE) & RANK_EXITED) {
+		*wstatus = r->wstatus;
+		return 1;
+	}
+	if (!orphaned)
+		return 0;
+	*wstatus = SIGKILL;	/* as waitpid() says "killed by SIGKILL" */
+	return 1;
+}
+
 TSHM_EXPORT int tshm_procs_pgid(const struct tshm_procs *p)
 {
 	if (!p)

@@ -192,6 +192,16 @@ int tshm_procs_kill(struct tshm_procs *procs, int sig);
 int tshm_procs_nprocs(const struct tshm_procs *procs);
 /* The worker's pid, or -EINVAL.  Valid until the set is destroyed. */
 int tshm_procs_pid(const struct tshm_procs *procs, int rank);
+/*
+ * How rank @rank ended: 1 with its wait status (as waitpid() gives it) in
+ * @wstatus once the supervisor reaped it, 0 while it runs (or is not reaped
+ * yet).  A worker whose supervisor died before reaping it was killed by its
+ * parent-death signal: its status reads as killed by SIGKILL.  -EINVAL for
+ * a bad rank, -ECHILD outside the process that started the set.  Never
+ * blocks on a joiner: another thread's join keeps what it learns for the
+ * next call.
+ */
+int tshm_procs_status(struct tshm_procs *procs, int rank, int *wstatus);
 int tshm_procs_pgid(const struct tshm_procs *procs);
 /* Terminate what still runs (as tshm_procs_terminate), reap, free. */
 void tshm_procs_destroy(struct tshm_procs *procs);

@@ -44,7 +44,7 @@ extern "C" {
 #endif
 
 #define TSHM_VERSION_MAJOR	0
-#define TSHM_VERSION_MINOR	4	/* the newest node of libtshm.map */
+#define TSHM_VERSION_MINOR	5	/* the newest node of libtshm.map */
 
 struct tshm_ctx;
 struct tshm_seg;

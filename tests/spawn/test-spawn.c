@@ -675,6 +675,94 @@ TEST_F(sp, hang_timeout_then_terminate)
 	tshm_procs_destroy(procs);
 }
 
+/* How each rank ended, as join left them: exit, SIGTERM, SIGKILL. */
+TEST_F(sp, status_per_rank)
+{
+	struct tshm_spawn_attr *a = mkattr(_metadata, self, variant,
+					   "behave", 4);
+	struct behave_arg b = { { B_OK, B_HANG, B_RET3, B_HANG_NOTERM } };
+	struct tshm_procs *procs;
+	struct tshm_failure f;
+	int st = -1;
+
+	ASSERT_EQ(0, tshm_spawn_attr_set_arg(a, &b, sizeof(b)));
+	ASSERT_EQ(0, tshm_spawn_attr_set_grace_ms(a, 300));
+	ASSERT_EQ(0, tshm_spawn(self->ctx, a, &procs));
+	tshm_spawn_attr_destroy(a);
+	EXPECT_EQ(0, tshm_procs_status(procs, 1, &st));	/* hangs */
+	EXPECT_EQ(-EINVAL, tshm_procs_status(procs, -1, &st));
+	EXPECT_EQ(-EINVAL, tshm_procs_status(procs, 4, &st));
+	EXPECT_EQ(-EINVAL, tshm_procs_status(procs, 0, NULL));
+	EXPECT_EQ(-EINVAL, tshm_procs_status(NULL, 0, &st));
+	EXPECT_EQ(-ECANCELED, tshm_procs_join(procs, 20000, &f));
+	EXPECT_EQ(2, f.rank);
+	ASSERT_EQ(1, tshm_procs_status(procs, 0, &st));
+	EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	ASSERT_EQ(1, tshm_procs_status(procs, 1, &st));
+	EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
+	ASSERT_EQ(1, tshm_procs_status(procs, 2, &st));
+	EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 3);
+	ASSERT_EQ(1, tshm_procs_status(procs, 3, &st));
+	EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	tshm_procs_destroy(procs);
+}
+
+static pid_t parent_of(pid_t pid)
+{
+	char path[64], line[256];
+	pid_t ppid = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		sscanf(line, "PPid: %d", &ppid);
+	fclose(f);
+	return ppid;
+}
+
+/* The supervisor dies first: its workers read as killed by SIGKILL. */
+TEST_F(sp, status_after_supervisor_died)
+{
+	struct tshm_spawn_attr *a = mkattr(_metadata, self, variant,
+					   "behave", 2);
+	struct behave_arg b = { { B_HANG, B_OK } };
+	struct tshm_procs *procs;
+	struct tshm_failure f;
+	int st = -1, ret = 0;
+	int64_t end;
+	pid_t sup;
+
+	ASSERT_EQ(0, tshm_spawn_attr_set_arg(a, &b, sizeof(b)));
+	ASSERT_EQ(0, tshm_spawn(self->ctx, a, &procs));
+	tshm_spawn_attr_destroy(a);
+	/* Rank 1 exits 0 and is reaped; rank 0 hangs. */
+	end = mono_ms() + 20000;
+	while ((ret = tshm_procs_status(procs, 1, &st)) == 0 &&
+	       mono_ms() < end)
+		usleep(1000);
+	ASSERT_EQ(1, ret);
+	EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	sup = parent_of(tshm_procs_pid(procs, 0));
+	ASSERT_LT(1, sup);
+	ASSERT_NE(getpid(), sup);
+	ASSERT_EQ(0, kill(sup, SIGKILL));
+	end = mono_ms() + 20000;
+	while ((ret = tshm_procs_status(procs, 0, &st)) == 0 &&
+	       mono_ms() < end)
+		usleep(1000);
+	ASSERT_EQ(1, ret);
+	EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	/* Rank 1 keeps what it was reaped with. */
+	ASSERT_EQ(1, tshm_procs_status(procs, 1, &st));
+	EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	EXPECT_EQ(-ECANCELED, tshm_procs_join(procs, 20000, &f));
+	EXPECT_EQ(-1, f.rank);
+	tshm_procs_destroy(procs);
+}
+
 TEST_F(sp, nonblocking_join)
 {
 	struct tshm_spawn_attr *a = mkattr(_metadata, self, variant,
