@@ -31,6 +31,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <tshm-spawn.h>
@@ -371,6 +372,33 @@ static PyObject *procs_pids(TshmProcs *self, PyObject *unused)
 	return list;
 }
 
+static PyObject *procs_status(TshmProcs *self, PyObject *args)
+{
+	struct tshm_procs *procs;
+	int rank, wstatus = 0, ret;
+
+	if (!PyArg_ParseTuple(args, "i", &rank))
+		return NULL;
+	procs = procs_get(self);
+	if (!procs)
+		return NULL;
+	/* It may reap the supervisor: without the GIL, and kept open. */
+	Py_INCREF(self);
+	self->busy++;
+	Py_BEGIN_ALLOW_THREADS
+	ret = tshm_procs_status(procs, rank, &wstatus);
+	Py_END_ALLOW_THREADS
+	self->busy--;
+	Py_DECREF(self);
+	if (ret < 0)
+		return pytshm_raise(ret, "tshm_procs_status");
+	if (ret == 0)
+		Py_RETURN_NONE;
+	if (WIFSIGNALED(wstatus))
+		return PyLong_FromLong(-WTERMSIG(wstatus));
+	return PyLong_FromLong(WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1);
+}
+
 static PyObject *procs_terminate(TshmProcs *self, PyObject *unused)
 {
 	struct tshm_procs *procs = procs_get(self);
@@ -409,6 +437,9 @@ static PyMethodDef procs_methods[] = {
 	  "failure, the others terminated." },
 	{ "pids", (PyCFunction)procs_pids, METH_NOARGS,
 	  "pids() -> list of the workers' pids, by rank" },
+	{ "status", (PyCFunction)procs_status, METH_VARARGS,
+	  "status(rank) -> None while the worker runs, else its exit code\n"
+	  "as multiprocessing's Process.exitcode says it (-N: signal N)" },
 	{ "terminate", (PyCFunction)procs_terminate, METH_NOARGS,
 	  "terminate(): SIGTERM now, SIGKILL after the grace period" },
 	{ "close", (PyCFunction)procs_close, METH_NOARGS,

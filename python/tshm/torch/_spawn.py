@@ -35,128 +35,17 @@ import pickle
 import subprocess
 import sys
 import threading
-import time
 import traceback
 from multiprocessing import (context, process, reduction, resource_sharer,
                              spawn as mp_spawn, util)
 
 from .._tshm import _Procs
+from ._context import SLOT, ProcessContext
 from ._reductions import sending_as_tshm
 
-SLOT = 64 * 1024
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 _WORKER = ("import sys; from tshm.torch._spawn import _worker; "
            "_worker(*sys.argv[1:])")
-
-
-def _exceptions():
-    try:
-        from torch.multiprocessing.spawn import (ProcessExitedException,
-                                                 ProcessRaisedException)
-        return ProcessRaisedException, ProcessExitedException
-    except ImportError:       # torch without them: plain exceptions
-        return None, None
-
-
-class ProcessContext:
-    """What spawn(join=False) returns: join() as torch's ProcessContext."""
-
-    def __init__(self, procs, board, nprocs):
-        self._procs = procs
-        self._board = board
-        self.nprocs = nprocs
-        self._pids = procs.pids()
-        self._done = False
-        self._error = None        # what join() raised: it raises it again
-        # One joiner at a time: the one that sees the end closes the set,
-        # which must not be freed under another's wait.
-        self._lock = threading.Lock()
-
-    def pids(self):
-        return list(self._pids)
-
-    def _traceback(self, rank):
-        if self._board is None:           # the zygote read it
-            return self._procs.traceback(rank)
-        raw = os.pread(self._board, SLOT, rank * SLOT)
-        return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-
-    def join(self, timeout=None):
-        """True once every worker exited 0; False if timeout ran out.
-        Raises for the first worker that failed (the others terminated):
-        torch's ProcessRaisedException with the worker's traceback, or
-        ProcessExitedException for an exit status or a signal, and then
-        raises it again at every join.  Threads may join at once: they
-        take turns, each within its timeout."""
-        if timeout is None:
-            locked = self._lock.acquire()
-        else:
-            end = time.monotonic() + timeout
-            locked = self._lock.acquire(timeout=max(0.0, timeout))
-            timeout = max(0.0, end - time.monotonic())
-        if not locked:
-            return False
-        try:
-            return self._join(timeout)
-        finally:
-            self._lock.release()
-
-    def _join(self, timeout):
-        if self._done:
-            if self._error is not None:
-                raise self._error
-            return True
-        res = self._procs.join(timeout)
-        if res is False:
-            return False
-        if res is None:
-            self._close()
-            return True
-        try:
-            tb = self._traceback(res[0]) if res[0] >= 0 else ""
-            self._error = _failure(res, tb)
-        finally:
-            # Stored before the set is closed, which may be interrupted:
-            # every later join raises it too.
-            if self._error is None:
-                self._error = RuntimeError(f"worker {res[0]} failed: {res}")
-            self._close()
-        raise self._error
-
-    def _close(self):
-        if not self._done:
-            self._done = True
-            self._procs.close()
-            if self._board is not None:
-                os.close(self._board)
-
-    def __del__(self):
-        try:
-            self._close()
-        except Exception:
-            pass
-
-
-def _failure(res, tb):
-    """The exception for a failure _Procs.join() reported, as torch's."""
-    rank, pid, code, signo, message, summary = res
-    raised, exited = _exceptions()
-    if tb:
-        msg = (f"\n\n-- Process {rank} terminated with the following "
-               f"error:\n{tb}")
-        if raised is not None:
-            return raised(msg, rank, pid)
-        return RuntimeError(msg)
-    msg = f"process {summary or rank}" + (f": {message}" if message
-                                          else "")
-    if exited is not None:
-        import signal as _signal
-        try:
-            name = _signal.Signals(signo).name if signo else None
-        except ValueError:          # real-time signals have no name
-            name = f"SIG{signo}"
-        return exited(msg, rank, pid, code if not signo else -signo, name)
-    return RuntimeError(msg)
 
 
 START_METHODS = ("spawn", "fork", "forkserver")
@@ -191,13 +80,13 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
         ctx = _start_forks(
             lambda rank, board: _forked_worker(fn, args, board, rank,
                                                whos[rank]),
-            nprocs, env)
+            nprocs, env, whos)
         return _finish(ctx, join)
     prep, calls = _payload(fn, args, nprocs)
     if start_method == "forkserver":
         from ._zygote import ZygoteProcs
         procs = ZygoteProcs(prep, calls, whos, env)
-        return _finish(ProcessContext(procs, None, nprocs), join)
+        return _finish(ProcessContext(procs, None, nprocs, whos), join)
     payload = pickle.dumps((prep, calls, whos), protocol=5)
     pfd = os.memfd_create("tshm-spawn-payload", 0)
     board = os.memfd_create("tshm-spawn-errors", os.MFD_CLOEXEC)
@@ -216,7 +105,7 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
         raise
     finally:
         os.close(pfd)
-    return _finish(ProcessContext(procs, board, nprocs), join)
+    return _finish(ProcessContext(procs, board, nprocs, whos), join)
 
 
 class _Spawning:
@@ -328,9 +217,10 @@ def _finish(ctx, join):
     return None
 
 
-def _start_forks(body, nprocs, env):
+def _start_forks(body, nprocs, env, whos=None):
     """nprocs forks of this process running body(rank, board), whose
-    result is the exit status: a ProcessContext."""
+    result is the exit status: a ProcessContext (whos: the workers'
+    identities, for its processes)."""
     # What this process buffered would be written once more by each
     # worker (multiprocessing's util._flush_std_streams() does the same).
     _flush_std_streams()
@@ -343,7 +233,7 @@ def _start_forks(body, nprocs, env):
     except BaseException:
         os.close(board)
         raise
-    return ProcessContext(procs, board, nprocs)
+    return ProcessContext(procs, board, nprocs, whos)
 
 
 def _forked(body, rank, board):

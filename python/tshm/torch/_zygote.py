@@ -19,10 +19,12 @@ first says ("ok", its pid) once it imported torch, then answers:
 
     ("spawn", prep, calls, whos, env, environ)   -> ("ok", pids)
     ("join", key, timeout)                       -> ("ok", (result, tb))
-    ("close", key)                               -> ("ok", None)
+    ("status", key)                              -> ("ok", codes)
+    ("close", key)                               -> ("ok", codes)
 
 or ("err", text) for a request that raised (the zygote goes on), where
-result is what _Procs.join() returns.  A join waits at most JOIN_SLICE
+result is what _Procs.join() returns and codes each rank's exit code
+(None while it runs; "close" waits until every worker is reaped).  A join waits at most JOIN_SLICE
 seconds in the zygote, so that one set's join never holds up another's;
 the caller loops.  The zygote exits when the caller closes the
 connection or exits.
@@ -225,6 +227,7 @@ class ZygoteProcs:
                                f"died twice ({_how(e.args)})") from None
         self._key = self._pids[0]
         self._tracebacks = {}
+        self._last = [None] * len(self._pids)   # exit codes seen
 
     def pids(self):
         return list(self._pids)
@@ -254,13 +257,41 @@ class ZygoteProcs:
     def traceback(self, rank):
         return self._tracebacks.get(rank, "")
 
-    def close(self):
+    def status(self, rank):
+        """Rank's exit code, None while it runs (_Procs.status())."""
+        if self._key is not None:
+            try:
+                self._known(_ask(("status", self._key), life=self._life))
+            except ZygoteLost:
+                self._key = None
+        return self._codes()[rank]
+
+    def finish(self):
+        """close(), once every worker is reaped: their exit codes."""
         if self._key is not None:
             key, self._key = self._key, None
             try:
-                _ask(("close", key), life=self._life)
+                self._known(_ask(("close", key), life=self._life))
             except ZygoteLost:
                 pass          # the zygote is gone, and its workers
+        return self._codes()
+
+    def close(self):
+        self.finish()
+
+    def _known(self, codes):
+        if codes:             # (None: the zygote no longer knew the set)
+            self._last = [c if c is not None else p
+                          for c, p in zip(codes, self._last)]
+
+    def _codes(self):
+        """What the zygote said last; once it is gone, a worker it did
+        not see end died with it (its supervisor's parent-death signal:
+        SIGKILL)."""
+        codes = self._last
+        if self._key is None:
+            codes = [-signal.SIGKILL if c is None else c for c in codes]
+        return codes
 
 
 # -- in the zygote --------------------------------------------------------
@@ -296,10 +327,14 @@ def _handle(req, sets):
         res = ctx._procs.join(req[2])
         tb = ctx._traceback(res[0]) if res and res[0] >= 0 else ""
         return res, tb
+    if req[0] == "status":
+        ctx = sets[req[1]]
+        return [ctx._status(rank) for rank in range(ctx.nprocs)]
     if req[0] == "close":
         ctx = sets.pop(req[1], None)
         if ctx:
             ctx._close()
+            return ctx._final
         return None
     raise ValueError(f"unknown request {req[0]!r}")
 

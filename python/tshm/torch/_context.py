@@ -1,0 +1,322 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""What tshm.torch.spawn(join=False) returns: torch's ProcessContext
+(join(), pids(), processes, sentinels) over a libtshm process set.
+
+The workers are not this process's children (libtshm's supervisor, or
+the forkserver zygote's, started them), so the Process-like objects in
+``processes`` learn how a worker ended from the set's status board
+(``_Procs.status()``) and wait for it with a pidfd, which works for any
+process: the same fd is its ``sentinel``, readable once it exited, as
+multiprocessing's are.
+"""
+
+import os
+import select
+import signal
+import threading
+import time
+import weakref
+
+#: Bytes of a failed worker's traceback on the error board, per rank.
+SLOT = 64 * 1024
+# How often Process.join() looks at the board once the worker has exited
+# but the supervisor has not reaped it yet (a few ms at most, as a rule).
+_REAP_POLL = 0.002
+
+
+def _exceptions():
+    try:
+        from torch.multiprocessing.spawn import (ProcessExitedException,
+                                                 ProcessRaisedException)
+        return ProcessRaisedException, ProcessExitedException
+    except ImportError:       # torch without them: plain exceptions
+        return None, None
+
+
+def _failure(res, tb):
+    """The exception for a failure _Procs.join() reported, as torch's."""
+    rank, pid, code, signo, message, summary = res
+    raised, exited = _exceptions()
+    if tb:
+        msg = (f"\n\n-- Process {rank} terminated with the following "
+               f"error:\n{tb}")
+        if raised is not None:
+            return raised(msg, rank, pid)
+        return RuntimeError(msg)
+    msg = f"process {summary or rank}" + (f": {message}" if message
+                                          else "")
+    if exited is not None:
+        try:
+            name = signal.Signals(signo).name if signo else None
+        except ValueError:          # real-time signals have no name
+            name = f"SIG{signo}"
+        return exited(msg, rank, pid, code if not signo else -signo, name)
+    return RuntimeError(msg)
+
+
+class WorkerProcess:
+    """One worker of a spawn(), as the multiprocessing.Process objects in
+    torch's ProcessContext.processes: pid, name, daemon, exitcode,
+    sentinel, is_alive(), join(), terminate(), kill(), close().  It was
+    started for you: there is no start() or run()."""
+
+    def __init__(self, ctx, rank, pid, name, daemon):
+        # Weak: dropping the context frees the set, as before it had
+        # processes; it leaves each its exit code first (_final).
+        self._ctx = weakref.ref(ctx)
+        self._final = None
+        self._rank = rank
+        self.pid = self.ident = pid
+        self.name = name
+        self.daemon = daemon
+        self._pidfd = None        # None: not opened; -1: closed
+        self._lock = threading.Lock()
+
+    def __repr__(self):
+        code = self.exitcode
+        state = "started" if code is None else f"stopped exitcode={code}"
+        return (f"<{type(self).__name__} name={self.name!r} pid={self.pid}"
+                f" rank={self._rank} {state}"
+                f"{' daemon' if self.daemon else ''}>")
+
+    @property
+    def exitcode(self):
+        """None while it runs, else its exit status, or -N if signal N
+        killed it (a worker whose supervisor died: -SIGKILL)."""
+        ctx = self._ctx()
+        if ctx is None:
+            return self._final
+        return ctx._status(self._rank)
+
+    @property
+    def sentinel(self):
+        """An fd readable once the worker has exited (a pidfd; for a
+        worker already gone, a pipe at end of file)."""
+        with self._lock:
+            if self._pidfd == -1:
+                raise ValueError("process object is closed")
+            if self._pidfd is None:
+                self._pidfd = self._open()
+            return self._pidfd
+
+    def _open(self):
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            fd = None
+        # Checked after the open: while the board says it runs, the
+        # supervisor has not reaped it, so the pid still was this worker.
+        if fd is not None and self.exitcode is None:
+            return fd
+        if fd is not None:
+            os.close(fd)
+        r, w = os.pipe2(os.O_CLOEXEC)
+        os.close(w)
+        return r
+
+    def is_alive(self):
+        """Whether the worker still runs."""
+        if self.exitcode is not None:
+            return False
+        return not select.select([self.sentinel], [], [], 0)[0]
+
+    def join(self, timeout=None):
+        """Wait until the worker has ended (its exitcode known), or for
+        timeout seconds."""
+        end = None if timeout is None else time.monotonic() + timeout
+        left = timeout
+        if self.exitcode is None:
+            select.select([self.sentinel], [], [], left)
+        while self.exitcode is None:
+            if end is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+            # Exited: the supervisor reaps it in a moment.
+            time.sleep(_REAP_POLL if left is None else
+                       min(_REAP_POLL, left))
+
+    def terminate(self):
+        """SIGTERM to the worker, if it still runs."""
+        self._signal(signal.SIGTERM)
+
+    def kill(self):
+        """SIGKILL to the worker, if it still runs."""
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, signo):
+        if self.exitcode is not None:
+            return
+        try:
+            # Through the pidfd: never a process that took the pid over.
+            signal.pidfd_send_signal(self.sentinel, signo)
+        except ProcessLookupError:
+            pass
+
+    def close(self):
+        """Close the sentinel; the object can then only say its pid."""
+        with self._lock:
+            fd, self._pidfd = self._pidfd, -1
+        if fd is not None and fd >= 0:
+            os.close(fd)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class ProcessContext:
+    """What spawn(join=False) returns, as torch's ProcessContext: join(),
+    pids(), and processes and sentinels."""
+
+    def __init__(self, procs, board, nprocs, whos=None):
+        self._procs = procs
+        self._board = board
+        self.nprocs = nprocs
+        self._pids = procs.pids()
+        self._whos = whos
+        self._done = False
+        self._error = None        # what join() raised: it raises it again
+        # One joiner at a time: the one that sees the end closes the set,
+        # which must not be freed under another's wait.
+        self._lock = threading.Lock()
+        # Held to read a status or to close the set; never for a wait.
+        self._state = threading.Lock()
+        self._final = None        # every rank's exit code, once closed
+        self._processes = None
+        self._sentinels = None
+
+    def pids(self):
+        return list(self._pids)
+
+    @property
+    def processes(self):
+        """A WorkerProcess per rank, made on first use."""
+        with self._state:
+            if self._processes is None:
+                whos = self._whos or [None] * self.nprocs
+                self._processes = [
+                    WorkerProcess(self, rank, pid,
+                                  who[1] if who else f"rank-{rank}",
+                                  bool(who and who[3]))
+                    for rank, (pid, who) in enumerate(zip(self._pids, whos))]
+                for rank, p in enumerate(self._processes):
+                    p._final = self._final and self._final[rank]
+            return self._processes
+
+    @property
+    def sentinels(self):
+        """{sentinel: rank} of the workers join() has not seen end, as
+        torch's (which join() takes them out of)."""
+        if self._sentinels is None:
+            sentinels = {p.sentinel: rank
+                         for rank, p in enumerate(self.processes)}
+            with self._state:
+                if self._sentinels is None:
+                    self._sentinels = sentinels
+                    if self._final is not None:
+                        self._sentinels.clear()
+        return self._sentinels
+
+    def _status(self, rank):
+        with self._state:
+            if self._final is not None:
+                return self._final[rank]
+            return self._procs.status(rank)
+
+    def _traceback(self, rank):
+        if self._board is None:           # the zygote read it
+            return self._procs.traceback(rank)
+        raw = os.pread(self._board, SLOT, rank * SLOT)
+        return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+    def join(self, timeout=None, grace_period=None):
+        """True once every worker exited 0; False if timeout ran out.
+        Raises for the first worker that failed (the others terminated):
+        torch's ProcessRaisedException with the worker's traceback, or
+        ProcessExitedException for an exit status or a signal, and then
+        raises it again at every join.  Threads may join at once: they
+        take turns, each within its timeout.  grace_period (torch 2.x's)
+        is accepted and changes nothing: the set terminates the others
+        itself, at the first failure (SIGTERM, then SIGKILL after 3 s)."""
+        del grace_period
+        if timeout is None:
+            locked = self._lock.acquire()
+        else:
+            end = time.monotonic() + timeout
+            locked = self._lock.acquire(timeout=max(0.0, timeout))
+            timeout = max(0.0, end - time.monotonic())
+        if not locked:
+            return False
+        try:
+            return self._join(timeout)
+        finally:
+            self._lock.release()
+
+    def _join(self, timeout):
+        if self._done:
+            if self._error is not None:
+                raise self._error
+            return True
+        res = self._procs.join(timeout)
+        if res is False:
+            self._forget_sentinels(lambda rank: self._status(rank) == 0)
+            return False
+        if res is None:
+            self._close()
+            return True
+        try:
+            tb = self._traceback(res[0]) if res[0] >= 0 else ""
+            self._error = _failure(res, tb)
+        finally:
+            # Stored before the set is closed, which may be interrupted:
+            # every later join raises it too.
+            if self._error is None:
+                self._error = RuntimeError(f"worker {res[0]} failed: {res}")
+            self._close()
+        raise self._error
+
+    def _forget_sentinels(self, joined):
+        """Take the sentinels of ranks that joined out, as torch's join
+        does (only if sentinels were asked for)."""
+        if self._sentinels is not None:
+            for fd, rank in list(self._sentinels.items()):
+                if joined(rank):
+                    self._sentinels.pop(fd, None)
+
+    def _close(self):
+        if self._done:
+            return
+        self._done = True
+        try:
+            with self._state:
+                self._final = self._finish() or [None] * self.nprocs
+        finally:
+            if self._board is not None:
+                os.close(self._board)
+        for rank, p in enumerate(self._processes or ()):
+            p._final = self._final[rank]
+        self._forget_sentinels(lambda rank: True)
+
+    def _finish(self):
+        """Terminate what still runs (nothing, after a join that saw the
+        end; the others of a failure, already being terminated), wait
+        until every worker is reaped, free the set: every rank's exit
+        code."""
+        procs = self._procs
+        if hasattr(procs, "finish"):      # the zygote's: it does all that
+            return procs.finish()
+        try:
+            procs.terminate()
+            procs.join()
+            return [procs.status(rank) for rank in range(self.nprocs)]
+        finally:
+            procs.close()
+
+    def __del__(self):
+        try:
+            self._close()
+        except Exception:
+            pass

@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: GPL-2.0
+"""tshm.torch.spawn(join=False)'s ProcessContext is torch's: besides
+join() and pids(), its processes (pid, name, daemon, exitcode, sentinel,
+is_alive(), join(), terminate(), kill()) and sentinels, for workers that
+are not this process's children.
+
+"spawn" and "forkserver" on the host only, as in test_torch_spawn.py."""
+
+import gc
+import os
+import signal
+import sys
+import time
+from multiprocessing import connection
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.multiprocessing import ProcessExitedException  # noqa: E402
+
+import tshm  # noqa: E402
+import tshm.torch  # noqa: E402
+from conftest import IN_VM  # noqa: E402
+
+_HOST_ONLY = pytest.mark.skipif(
+    IN_VM, reason="host only: a spawned worker, or the forkserver's zygote, "
+    "imports torch (30 s in the VM)")
+METHODS = [pytest.param("spawn", marks=_HOST_ONLY), "fork",
+           pytest.param("forkserver", marks=_HOST_ONLY)]
+PREFIX = {"spawn": "SpawnProcess-", "fork": "ForkProcess-",
+          "forkserver": "ForkServerProcess-"}
+
+
+def _until_told(rank, q):
+    """Rank 0 ends at once; the others run until signalled."""
+    q.put(rank)
+    if rank:
+        time.sleep(600)
+
+
+def _started(q, n):
+    return sorted(q.get(timeout=120) for _ in range(n))
+
+
+def _wait_for(pred, timeout=60):
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_processes_as_torchs_until_a_failure(method):
+    q = tshm.Queue()
+    ctx = tshm.torch.spawn(_until_told, args=(q,), nprocs=3, join=False,
+                           start_method=method)
+    assert _started(q, 3) == [0, 1, 2]
+    procs = ctx.processes
+    assert [p.pid for p in procs] == ctx.pids()
+    assert all(p.name.startswith(PREFIX[method]) and not p.daemon
+               for p in procs), procs
+    sentinels = ctx.sentinels
+    assert sorted(sentinels.values()) == [0, 1, 2]
+    assert {procs[r].sentinel: r for r in range(3)} == sentinels
+
+    # Rank 0 returned: its sentinel is ready, it joins with exit code 0.
+    ready = connection.wait(list(sentinels), timeout=60)
+    assert ready == [procs[0].sentinel]
+    procs[0].join(60)
+    assert procs[0].exitcode == 0 and not procs[0].is_alive()
+    assert ctx.join(0) is False
+    assert procs[0].sentinel not in ctx.sentinels      # as torch's join
+    assert [p.is_alive() for p in procs[1:]] == [True, True]
+    assert [p.exitcode for p in procs[1:]] == [None, None]
+    procs[2].join(0.1)                                 # times out
+    assert procs[2].is_alive()
+
+    # SIGTERM to rank 1 is the set's first failure: rank 2 is terminated.
+    procs[1].terminate()
+    procs[1].join(60)
+    assert procs[1].exitcode == -signal.SIGTERM
+    with pytest.raises(ProcessExitedException) as info:
+        while not ctx.join(60):
+            pass
+    assert info.value.error_index == 1
+    assert [p.exitcode for p in procs] == [0, -signal.SIGTERM,
+                                           -signal.SIGTERM]
+    assert not any(p.is_alive() for p in procs)
+    assert ctx.sentinels == {}
+    procs[2].kill()                                    # gone: nothing
+    for p in procs:
+        p.close()
+    with pytest.raises(ValueError):
+        procs[0].sentinel
+
+
+def _ends(rank, code):
+    sys.exit(code if rank == 1 else 0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_processes_of_a_set_that_ended(method):
+    """Made after the end; kept after the context is dropped."""
+    ctx = tshm.torch.spawn(_ends, args=(0,), nprocs=2, join=False,
+                           start_method=method)
+    while not ctx.join(60):
+        pass
+    assert ctx.sentinels == {}
+    procs = ctx.processes
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert connection.wait([p.sentinel for p in procs], timeout=60)
+    del ctx
+    gc.collect()
+    assert [p.exitcode for p in procs] == [0, 0]
+    procs[0].join()
+    assert not procs[1].is_alive()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_processes_say_an_exit_status(method):
+    ctx = tshm.torch.spawn(_ends, args=(7,), nprocs=2, join=False,
+                           start_method=method)
+    procs = ctx.processes
+    procs[1].join(120)
+    assert procs[1].exitcode == 7
+    with pytest.raises(ProcessExitedException) as info:
+        ctx.join(120)
+    assert info.value.exit_code == 7
+    assert procs[0].exitcode in (0, -signal.SIGTERM)  # raced its SIGTERM
+
+
+def _sleeps(rank):
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_kill_reaches_the_worker_and_join_accepts_grace_period(method):
+    ctx = tshm.torch.spawn(_sleeps, nprocs=2, join=False,
+                           start_method=method)
+    procs = ctx.processes
+    procs[0].kill()
+    with pytest.raises(ProcessExitedException) as info:
+        ctx.join(120, grace_period=1)
+    assert (info.value.error_index, info.value.exit_code) == \
+        (0, -signal.SIGKILL)
+    assert [p.exitcode for p in procs] == [-signal.SIGKILL, -signal.SIGTERM]
+
+
+def test_dropping_the_context_terminates_and_processes_keep_codes():
+    ctx = tshm.torch.spawn(_sleeps, nprocs=2, join=False,
+                           start_method="fork")
+    procs = ctx.processes
+    pids = ctx.pids()
+    del ctx
+    gc.collect()
+    _wait_for(lambda: all(p.exitcode is not None for p in procs))
+    assert [p.exitcode for p in procs] == [-signal.SIGTERM] * 2
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
