@@ -316,28 +316,58 @@ static int rank_of(struct sup *s, pid_t pid)
 	return -1;
 }
 
+/* The wait status waitpid() would give for what waitid() says. */
+static int wait_status(const siginfo_t *si)
+{
+	switch (si->si_code) {
+	case CLD_EXITED:
+		return (si->si_status & 0xff) << 8;
+	case CLD_DUMPED:
+		return (si->si_status & 0x7f) | 0x80;
+	default:		/* CLD_KILLED */
+		return si->si_status & 0x7f;
+	}
+}
+
+/*
+ * Reap what exited.  A rank's status is on the board before its pid is
+ * freed (waitid(WNOWAIT), then waitpid()): while the board says a rank
+ * runs, its pid is still its own, so the caller may open a pidfd for it
+ * and check the board after (tshm_procs_status()).
+ */
 static void sup_reap(struct sup *s)
 {
 	for (;;) {
 		struct spawn_rank *r;
+		siginfo_t si;
 		pid_t pid;
 		int st, i;
 		bool ok;
 
-		pid = waitpid(-1, &st, WNOHANG);
-		if (pid < 0 && errno == EINTR)
-			continue;
+		si.si_pid = 0;
+		if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
+			if (errno == EINTR)
+				continue;
+			return;
+		}
+		pid = si.si_pid;
 		if (pid <= 0)
 			return;
+		st = wait_status(&si);
 		i = rank_of(s, pid);
+		if (i >= 0) {
+			/* Its last messages were sent before it exited. */
+			sup_drain_workers(s);
+			r = &s->b->rank[i];
+			r->wstatus = st;
+			set_flags(r, RANK_EXITED);
+			__atomic_add_fetch(&s->b->nexited, 1,
+					   __ATOMIC_RELEASE);
+		}
+		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+			;
 		if (i < 0)
 			continue;
-		/* Its last messages were sent before it exited. */
-		sup_drain_workers(s);
-		r = &s->b->rank[i];
-		r->wstatus = st;
-		set_flags(r, RANK_EXITED);
-		__atomic_add_fetch(&s->b->nexited, 1, __ATOMIC_RELEASE);
 		s->reaped++;
 		s->changed = true;
 		ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;

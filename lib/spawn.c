@@ -1486,7 +1486,7 @@ TSHM_EXPORT int tshm_procs_status(struct tshm_procs *p, int rank,
 	}
 	if (!orphaned)
 		return 0;
-	*wstatus = SIGKILL;	/* as waitpid() says "killed by SIGKILL" */
+	*wstatus = W_EXITCODE(0, SIGKILL);	/* "killed by SIGKILL" */
 	return 1;
 }
 

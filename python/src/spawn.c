@@ -42,6 +42,7 @@ typedef struct {
 	PyObject_HEAD
 	struct tshm_procs *procs;
 	unsigned busy;		/* threads in join() with the GIL off */
+	PyObject *codes;	/* what close() returned, once it did */
 } TshmProcs;
 
 static char *utoa(char *buf, size_t len, unsigned int v)
@@ -290,6 +291,7 @@ static void procs_dealloc(TshmProcs *self)
 		tshm_procs_destroy(self->procs);
 		Py_END_ALLOW_THREADS
 	}
+	Py_XDECREF(self->codes);
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -372,6 +374,14 @@ static PyObject *procs_pids(TshmProcs *self, PyObject *unused)
 	return list;
 }
 
+/* -N for a signal, else the exit status, as multiprocessing says it. */
+static PyObject *exit_code(int wstatus)
+{
+	if (WIFSIGNALED(wstatus))
+		return PyLong_FromLong(-WTERMSIG(wstatus));
+	return PyLong_FromLong(WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1);
+}
+
 static PyObject *procs_status(TshmProcs *self, PyObject *args)
 {
 	struct tshm_procs *procs;
@@ -394,9 +404,7 @@ static PyObject *procs_status(TshmProcs *self, PyObject *args)
 		return pytshm_raise(ret, "tshm_procs_status");
 	if (ret == 0)
 		Py_RETURN_NONE;
-	if (WIFSIGNALED(wstatus))
-		return PyLong_FromLong(-WTERMSIG(wstatus));
-	return PyLong_FromLong(WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1);
+	return exit_code(wstatus);
 }
 
 static PyObject *procs_terminate(TshmProcs *self, PyObject *unused)
@@ -415,20 +423,69 @@ static PyObject *procs_terminate(TshmProcs *self, PyObject *unused)
 static PyObject *procs_close(TshmProcs *self, PyObject *unused)
 {
 	struct tshm_procs *procs = self->procs;
+	PyObject *codes;
+	int *st, n;
 
 	if (self->busy) {
 		PyErr_SetString(PyExc_RuntimeError, "close() of a process set "
 				"another thread joins");
 		return NULL;
 	}
+	if (!procs)
+		Py_RETURN_NONE;
+	n = tshm_procs_nprocs(procs);
+	st = PyMem_Calloc((size_t)n, sizeof(*st));
+	if (!st)
+		return PyErr_NoMemory();
 	self->procs = NULL;
-	if (procs) {
-		Py_BEGIN_ALLOW_THREADS
-		tshm_procs_destroy(procs);
-		Py_END_ALLOW_THREADS
+	/* As tshm_procs_destroy(), reading how each rank ended before the
+	 * board is freed: every rank is reaped once the join returns. */
+	Py_BEGIN_ALLOW_THREADS
+	tshm_procs_terminate(procs);
+	tshm_procs_join(procs, -1, NULL);
+	for (int i = 0; i < n; i++)
+		if (tshm_procs_status(procs, i, &st[i]) != 1)
+			st[i] = -1;
+	tshm_procs_destroy(procs);
+	Py_END_ALLOW_THREADS
+	/* (A wait status is never -1: it marks one not known.) */
+	codes = PyList_New(n);
+	for (int i = 0; codes && i < n; i++) {
+		PyObject *code = Py_None;
+
+		if (st[i] == -1)
+			Py_INCREF(code);
+		else
+			code = exit_code(st[i]);
+
+		if (!code) {
+			Py_CLEAR(codes);
+			break;
+		}
+		PyList_SET_ITEM(codes, i, code);
 	}
-	Py_RETURN_NONE;
+	PyMem_Free(st);
+	/* Kept: a signal handler may raise before the caller stores them. */
+	Py_XINCREF(codes);
+	Py_XSETREF(self->codes, codes);
+	return codes;
 }
+
+static PyObject *procs_get_codes(TshmProcs *self, void *closure)
+{
+	PyObject *codes = self->codes ? self->codes : Py_None;
+
+	(void)closure;
+	Py_INCREF(codes);
+	return codes;
+}
+
+static PyGetSetDef procs_getset[] = {
+	{ "codes", (getter)procs_get_codes, NULL,
+	  "each rank's exit code, as close() returned them (None before)",
+	  NULL },
+	{ NULL, NULL, NULL, NULL, NULL }
+};
 
 static PyMethodDef procs_methods[] = {
 	{ "join", (PyCFunction)procs_join, METH_VARARGS,
@@ -443,7 +500,8 @@ static PyMethodDef procs_methods[] = {
 	{ "terminate", (PyCFunction)procs_terminate, METH_NOARGS,
 	  "terminate(): SIGTERM now, SIGKILL after the grace period" },
 	{ "close", (PyCFunction)procs_close, METH_NOARGS,
-	  "close(): terminate what still runs, reap, free" },
+	  "close() -> each rank's exit code (as status()), or None if\n"
+	  "closed already: terminate what still runs, reap, free" },
 	{ NULL, NULL, 0, NULL }
 };
 
@@ -459,4 +517,5 @@ PyTypeObject TshmProcs_Type = {
 	.tp_new = procs_new,
 	.tp_dealloc = (destructor)procs_dealloc,
 	.tp_methods = procs_methods,
+	.tp_getset = procs_getset,
 };

@@ -74,6 +74,8 @@ def test_processes_as_torchs_until_a_failure(method):
     assert [p.exitcode for p in procs[1:]] == [None, None]
     procs[2].join(0.1)                                 # times out
     assert procs[2].is_alive()
+    with pytest.raises(ValueError):                    # as multiprocessing
+        procs[2].close()
 
     # SIGTERM to rank 1 is the set's first failure: rank 2 is terminated.
     procs[1].terminate()
@@ -112,7 +114,7 @@ def test_processes_of_a_set_that_ended(method):
     del ctx
     gc.collect()
     assert [p.exitcode for p in procs] == [0, 0]
-    procs[0].join()
+    procs[0].join(-1)                  # as multiprocessing: no wait
     assert not procs[1].is_alive()
 
 
@@ -158,3 +160,80 @@ def test_dropping_the_context_terminates_and_processes_keep_codes():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sentinels_above_fd_1024(method):
+    """is_alive() and join() wait on any fd, not only select()'s."""
+    ctx = tshm.torch.spawn(_ends, args=(0,), nprocs=1, join=False,
+                           start_method=method)
+    null = os.open(os.devnull, os.O_RDONLY)
+    held = [os.dup(null) for _ in range(1100)]
+    try:
+        p = ctx.processes[0]
+        assert p.sentinel >= 1024
+        p.join(120)
+        assert p.exitcode == 0 and not p.is_alive()
+        assert ctx.join(120)
+    finally:
+        for fd in held + [null]:
+            os.close(fd)
+
+
+def _exit_at_once(rank):
+    pass
+
+
+def test_terminate_as_a_worker_ends_is_quiet():
+    """terminate() first thing, racing the worker's exit: never an error
+    (the worker may be reaped as its sentinel is opened)."""
+    for _ in range(10):
+        ctx = tshm.torch.spawn(_exit_at_once, nprocs=4, join=False,
+                               start_method="fork")
+        for p in ctx.processes:
+            p.terminate()
+        try:
+            ctx.join(120)
+        except ProcessExitedException:
+            pass                          # the SIGTERM came first
+        assert all(p.exitcode in (0, -signal.SIGTERM)
+                   for p in ctx.processes)
+
+
+def _one_fails_one_holds_on(rank, q):
+    if rank == 1:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        q.put("ignoring")
+        time.sleep(600)
+    q.get(timeout=120)
+    sys.exit(3)
+
+
+class _Alarm(Exception):
+    pass
+
+
+def _raise_alarm(signo, frame):
+    raise _Alarm()
+
+
+def test_an_interrupted_join_loses_no_exit_code():
+    """A signal handler raising while join() waits out the others' grace
+    period: the exit codes stay known (they were lost with the set)."""
+    q = tshm.Queue()
+    ctx = tshm.torch.spawn(_one_fails_one_holds_on, args=(q,), nprocs=2,
+                           join=False, start_method="fork")
+    procs = ctx.processes
+    old = signal.signal(signal.SIGALRM, _raise_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(_Alarm):
+            ctx.join()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    with pytest.raises(ProcessExitedException) as info:
+        ctx.join(120)
+    assert info.value.exit_code == 3
+    procs[1].join(120)
+    assert [p.exitcode for p in procs] == [3, -signal.SIGKILL]

@@ -10,12 +10,13 @@ process: the same fd is its ``sentinel``, readable once it exited, as
 multiprocessing's are.
 """
 
+import errno
 import os
-import select
 import signal
 import threading
 import time
 import weakref
+from multiprocessing import connection
 
 #: Bytes of a failed worker's traceback on the error board, per rank.
 SLOT = 64 * 1024
@@ -70,21 +71,29 @@ class WorkerProcess:
         self.name = name
         self.daemon = daemon
         self._pidfd = None        # None: not opened; -1: closed
+        self._is_pidfd = False    # else a pipe: the worker was gone
         self._lock = threading.Lock()
 
     def __repr__(self):
-        code = self.exitcode
+        try:              # never raises: the context may be closing
+            code = self.exitcode
+        except Exception:
+            code = self._final
         state = "started" if code is None else f"stopped exitcode={code}"
         return (f"<{type(self).__name__} name={self.name!r} pid={self.pid}"
                 f" rank={self._rank} {state}"
                 f"{' daemon' if self.daemon else ''}>")
+
+    def _check_closed(self):
+        if self._pidfd == -1:
+            raise ValueError("process object is closed")
 
     @property
     def exitcode(self):
         """None while it runs, else its exit status, or -N if signal N
         killed it (a worker whose supervisor died: -SIGKILL)."""
         ctx = self._ctx()
-        if ctx is None:
+        if ctx is None or self._final is not None:
             return self._final
         return ctx._status(self._rank)
 
@@ -93,45 +102,51 @@ class WorkerProcess:
         """An fd readable once the worker has exited (a pidfd; for a
         worker already gone, a pipe at end of file)."""
         with self._lock:
-            if self._pidfd == -1:
-                raise ValueError("process object is closed")
+            self._check_closed()
             if self._pidfd is None:
-                self._pidfd = self._open()
+                self._pidfd, self._is_pidfd = self._open()
             return self._pidfd
 
     def _open(self):
         try:
             fd = os.pidfd_open(self.pid)
-        except ProcessLookupError:
+        except OSError as e:
+            # ESRCH, or EINVAL for a pid that outlives its process (a
+            # reference still held somewhere): gone either way.
+            if e.errno not in (errno.ESRCH, errno.EINVAL):
+                raise
             fd = None
-        # Checked after the open: while the board says it runs, the
-        # supervisor has not reaped it, so the pid still was this worker.
+        # Checked after the open: the supervisor frees a worker's pid only
+        # after the board says it ended, so while the board says it runs,
+        # the pid was still this worker's when the pidfd was opened.
         if fd is not None and self.exitcode is None:
-            return fd
+            return fd, True
         if fd is not None:
             os.close(fd)
         r, w = os.pipe2(os.O_CLOEXEC)
         os.close(w)
-        return r
+        return r, False
 
     def is_alive(self):
         """Whether the worker still runs."""
+        self._check_closed()
         if self.exitcode is not None:
             return False
-        return not select.select([self.sentinel], [], [], 0)[0]
+        return not connection.wait([self.sentinel], 0)
 
     def join(self, timeout=None):
         """Wait until the worker has ended (its exitcode known), or for
         timeout seconds."""
-        end = None if timeout is None else time.monotonic() + timeout
-        left = timeout
+        self._check_closed()
+        if timeout is not None:
+            timeout = max(0.0, timeout)       # as multiprocessing's
+            end = time.monotonic() + timeout
         if self.exitcode is None:
-            select.select([self.sentinel], [], [], left)
+            connection.wait([self.sentinel], timeout)
         while self.exitcode is None:
-            if end is not None:
-                left = end - time.monotonic()
-                if left <= 0:
-                    return
+            left = None if timeout is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return
             # Exited: the supervisor reaps it in a moment.
             time.sleep(_REAP_POLL if left is None else
                        min(_REAP_POLL, left))
@@ -145,16 +160,25 @@ class WorkerProcess:
         self._signal(signal.SIGKILL)
 
     def _signal(self, signo):
+        self._check_closed()
         if self.exitcode is not None:
+            return
+        fd = self.sentinel
+        if not self._is_pidfd:        # it ended as the sentinel was made
             return
         try:
             # Through the pidfd: never a process that took the pid over.
-            signal.pidfd_send_signal(self.sentinel, signo)
+            signal.pidfd_send_signal(fd, signo)
         except ProcessLookupError:
             pass
 
     def close(self):
-        """Close the sentinel; the object can then only say its pid."""
+        """Close the sentinel; the object can then only say its pid and
+        name.  ValueError while the worker runs, as multiprocessing's."""
+        if self._pidfd != -1 and self.exitcode is None:
+            raise ValueError("Cannot close a process while it is still "
+                             "running. You should first call join() or "
+                             "terminate().")
         with self._lock:
             fd, self._pidfd = self._pidfd, -1
         if fd is not None and fd >= 0:
@@ -226,6 +250,15 @@ class ProcessContext:
                 return self._final[rank]
             return self._procs.status(rank)
 
+    def _statuses(self):
+        """Every rank's exit code (one request to the zygote)."""
+        with self._state:
+            if self._final is not None:
+                return list(self._final)
+            if hasattr(self._procs, "statuses"):
+                return self._procs.statuses()
+            return [self._procs.status(r) for r in range(self.nprocs)]
+
     def _traceback(self, rank):
         if self._board is None:           # the zygote read it
             return self._procs.traceback(rank)
@@ -262,7 +295,9 @@ class ProcessContext:
             return True
         res = self._procs.join(timeout)
         if res is False:
-            self._forget_sentinels(lambda rank: self._status(rank) == 0)
+            if self._sentinels is not None:
+                codes = self._statuses()
+                self._forget_sentinels(lambda rank: codes[rank] == 0)
             return False
         if res is None:
             self._close()
@@ -290,30 +325,27 @@ class ProcessContext:
         if self._done:
             return
         self._done = True
+        final = None
         try:
             with self._state:
-                self._final = self._finish() or [None] * self.nprocs
+                # Terminates what still runs (nothing, after a join that
+                # saw the end; a failure's others, already terminated),
+                # waits until every worker is reaped, frees the set: the
+                # exit codes, read before the board goes.
+                final = self._procs.close()
         finally:
+            # A signal handler may raise as close() returns: the set
+            # keeps what it returned.  Every worker is gone once the set
+            # is closed: one whose code was not learnt must not read as
+            # running.
+            final = final or self._procs.codes or [None] * self.nprocs
+            self._final = [-signal.SIGKILL if c is None else c
+                           for c in final]
             if self._board is not None:
                 os.close(self._board)
-        for rank, p in enumerate(self._processes or ()):
-            p._final = self._final[rank]
-        self._forget_sentinels(lambda rank: True)
-
-    def _finish(self):
-        """Terminate what still runs (nothing, after a join that saw the
-        end; the others of a failure, already being terminated), wait
-        until every worker is reaped, free the set: every rank's exit
-        code."""
-        procs = self._procs
-        if hasattr(procs, "finish"):      # the zygote's: it does all that
-            return procs.finish()
-        try:
-            procs.terminate()
-            procs.join()
-            return [procs.status(rank) for rank in range(self.nprocs)]
-        finally:
-            procs.close()
+            for rank, p in enumerate(self._processes or ()):
+                p._final = self._final[rank]
+            self._forget_sentinels(lambda rank: True)
 
     def __del__(self):
         try:

@@ -259,15 +259,27 @@ class ZygoteProcs:
 
     def status(self, rank):
         """Rank's exit code, None while it runs (_Procs.status())."""
-        if self._key is not None:
+        if self._last[rank] is None:
+            return self.statuses()[rank]
+        return self._last[rank]          # known: it never changes
+
+    def statuses(self):
+        """Every rank's exit code, in one request."""
+        if self._key is not None and None in self._last:
             try:
                 self._known(_ask(("status", self._key), life=self._life))
             except ZygoteLost:
                 self._key = None
-        return self._codes()[rank]
+        return self._codes()
 
-    def finish(self):
-        """close(), once every worker is reaped: their exit codes."""
+    @property
+    def codes(self):
+        """As _Procs.codes: what close() returned, once it did."""
+        return None if self._key is not None else self._codes()
+
+    def close(self):
+        """As _Procs.close(): once every worker is reaped, their exit
+        codes."""
         if self._key is not None:
             key, self._key = self._key, None
             try:
@@ -275,9 +287,6 @@ class ZygoteProcs:
             except ZygoteLost:
                 pass          # the zygote is gone, and its workers
         return self._codes()
-
-    def close(self):
-        self.finish()
 
     def _known(self, codes):
         if codes:             # (None: the zygote no longer knew the set)
