@@ -8,6 +8,7 @@ are not this process's children.
 
 import gc
 import os
+import resource
 import signal
 import sys
 import time
@@ -165,19 +166,31 @@ def test_dropping_the_context_terminates_and_processes_keep_codes():
 @pytest.mark.parametrize("method", METHODS)
 def test_sentinels_above_fd_1024(method):
     """is_alive() and join() wait on any fd, not only select()'s."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard}: no fd above 1024")
     ctx = tshm.torch.spawn(_ends, args=(0,), nprocs=1, join=False,
                            start_method=method)
-    null = os.open(os.devnull, os.O_RDONLY)
-    held = [os.dup(null) for _ in range(1100)]
+    held = []
+    # The VM's soft limit is 1024: raised for the test, then put back.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
     try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        held.append(null)
+        while len(held) < 1100:
+            held.append(os.dup(null))
         p = ctx.processes[0]
         assert p.sentinel >= 1024
         p.join(120)
         assert p.exitcode == 0 and not p.is_alive()
         assert ctx.join(120)
     finally:
-        for fd in held + [null]:
+        for fd in held:
             os.close(fd)
+        p = None
+        del ctx                       # its sentinel: above the soft limit
+        gc.collect()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def _exit_at_once(rank):
