@@ -641,6 +641,23 @@ static void sup_close_caller_fds(struct sup_plan *p)
 	spawn_close_fds_except(keep, n);
 }
 
+/*
+ * Every worker runs: from here on the supervisor only waits, reaps and
+ * relays.  It lets go of the fds and the memory it inherited from the
+ * caller (or the forkserver), or it would keep the caller's segments
+ * alive and a copy-on-write image of its memory pinned for as long as the
+ * set runs.
+ */
+static void sup_let_go_of_caller(struct sup *s)
+{
+	struct sup_plan *p = s->p;
+	const int keep[] = { p->sock, p->wsock_r, p->sigfd, p->caller_pidfd };
+	const uintptr_t addr[] = { (uintptr_t)p, (uintptr_t)s, (uintptr_t)s->b };
+
+	spawn_close_fds_except(keep, ARRAY_SIZE(keep));
+	sup_let_go(addr, ARRAY_SIZE(addr));
+}
+
 void sup_main(struct sup_plan *p)
 {
 	struct spawn_board *b = p->board;
@@ -755,7 +772,8 @@ void sup_main(struct sup_plan *p)
 			s.launching = false;
 			__atomic_store_n(&b->phase, PHASE_RUNNING,
 					 __ATOMIC_RELEASE);
-			s.changed = true;
+			sup_notify(&s);
+			sup_let_go_of_caller(&s);
 		}
 		if (s.changed)
 			sup_notify(&s);

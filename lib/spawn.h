@@ -194,6 +194,12 @@ struct sup_plan {
  */
 __attribute__((noreturn)) void sup_main(struct sup_plan *p);
 
+/*
+ * Unmap what the supervisor inherited from the caller and does not use
+ * (lib/spawn-sup-mem.c); the mappings holding @keep's addresses stay.
+ */
+void sup_let_go(const uintptr_t *keep, int nkeep);
+
 /* Close every fd >= 3 except @keep (any order, -1 entries ignored). */
 void spawn_close_fds_except(const int *keep, int nkeep);
 /* Set FD_CLOEXEC on every fd >= 3. */

@@ -15,9 +15,11 @@ TESTS_BOTH      += $(SPAWN_TEST_BINS) tests/spawn/test-examples.sh
 TESTS_HOST_ASAN += $(SPAWN_TEST_ASAN_BINS)
 ALL             += $(SPAWN_TEST_ASAN_BINS)
 
+# -z now: a program linking libtshm.a lets the supervisor unmap what it
+# inherited only when nothing is bound lazily (lib/spawn-sup-mem.c).
 $(SPAWN_TEST_B)/%: tests/spawn/%.c $(SPAWN_TEST_DEPS) $(LIB_A)
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(SPAWN_TEST_CFLAGS) -o $@ $< $(LIB_A) $(LDLIBS)
+	$(Q)$(CC) $(SPAWN_TEST_CFLAGS) -Wl,-z,now -o $@ $< $(LIB_A) $(LDLIBS)
 
 $(SPAWN_TEST_ASAN_B)/%: tests/spawn/%.c $(SPAWN_TEST_DEPS) $(LIB_ASAN_A)
 	@mkdir -p $(@D)

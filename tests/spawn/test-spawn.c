@@ -707,10 +707,12 @@ TEST_F(sp, status_per_rank)
 	tshm_procs_destroy(procs);
 }
 
-static pid_t parent_of(pid_t pid)
+/* The number @field ("PPid"; "RssAnon", in kB) of /proc/@pid/status, or -1. */
+static long status_field(pid_t pid, const char *field)
 {
 	char path[64], line[256];
-	pid_t ppid = -1;
+	size_t len = strlen(field);
+	long v = -1;
 	FILE *f;
 
 	snprintf(path, sizeof(path), "/proc/%d/status", pid);
@@ -718,9 +720,15 @@ static pid_t parent_of(pid_t pid)
 	if (!f)
 		return -1;
 	while (fgets(line, sizeof(line), f))
-		sscanf(line, "PPid: %d", &ppid);
+		if (!strncmp(line, field, len) && line[len] == ':')
+			v = strtol(line + len + 1, NULL, 10);
 	fclose(f);
-	return ppid;
+	return v;
+}
+
+static pid_t parent_of(pid_t pid)
+{
+	return (pid_t)status_field(pid, "PPid");
 }
 
 /* The supervisor dies first: its workers read as killed by SIGKILL. */
@@ -1084,6 +1092,80 @@ TEST_F(sp, caller_fds_not_held)
 	EXPECT_EQ(1, poll(&pfd, 1, 100));
 	EXPECT_TRUE(pfd.revents & POLLHUP);
 	close(p[0]);
+	EXPECT_EQ(0, tshm_procs_join(procs, 20000, NULL));
+	tshm_procs_destroy(procs);
+}
+
+static bool maps_mention(pid_t pid, const char *what)
+{
+	char path[64], line[4096];
+	bool found = false;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", pid);
+	f = fopen(path, "r");
+	if (!f)
+		return false;
+	while (fgets(line, sizeof(line), f))
+		found |= strstr(line, what) != NULL;
+	fclose(f);
+	return found;
+}
+
+/*
+ * Once the set runs, the supervisor holds none of the caller's memory: not
+ * its private pages (a copy-on-write image the caller's later writes would
+ * double), not its shared mappings (segments it would keep alive).
+ */
+TEST_F(sp, supervisor_lets_go_of_caller_memory)
+{
+	const size_t big = 256 << 20, shared = 64 << 20;
+	struct tshm_spawn_attr *a = mkattr(_metadata, self, variant,
+					   "behave", 2);
+	struct behave_arg b = { { B_HANG, B_HANG } };
+	struct tshm_procs *procs;
+	long anon = -1;
+	char *priv, *shm;
+	pid_t sup;
+	int fd;
+
+#ifdef __SANITIZE_ADDRESS__
+	tshm_spawn_attr_destroy(a);
+	SKIP(return, "under ASan the supervisor keeps everything (its shadow)");
+#endif
+	priv = mmap(NULL, big, PROT_READ | PROT_WRITE,
+		    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	ASSERT_NE(MAP_FAILED, priv);
+	memset(priv, 1, big);
+	fd = memfd_create("tshm-test-let-go", MFD_CLOEXEC);
+	ASSERT_LE(0, fd);
+	ASSERT_EQ(0, ftruncate(fd, shared));
+	shm = mmap(NULL, shared, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	ASSERT_NE(MAP_FAILED, shm);
+	memset(shm, 1, shared);
+	close(fd);
+
+	ASSERT_EQ(0, tshm_spawn_attr_set_arg(a, &b, sizeof(b)));
+	ASSERT_EQ(0, tshm_spawn(self->ctx, a, &procs));
+	tshm_spawn_attr_destroy(a);
+	sup = parent_of(tshm_procs_pid(procs, 0));
+	ASSERT_LT(1, sup);
+	/* It lets go right after telling us the set runs. */
+	for (int i = 0; i < 1000; i++) {
+		anon = status_field(sup, "RssAnon");
+		if (anon >= 0 && anon < 32 << 10 &&
+		    !maps_mention(sup, "tshm-test-let-go"))
+			break;
+		usleep(10000);
+	}
+	TH_LOG("supervisor %d: RssAnon %ld kB, RssShmem %ld kB", sup, anon,
+	       status_field(sup, "RssShmem"));
+	EXPECT_LT(anon, 32 << 10);
+	EXPECT_FALSE(maps_mention(sup, "tshm-test-let-go"));
+	munmap(priv, big);
+	munmap(shm, shared);
+	/* It still does its job: terminate, reap, report. */
+	EXPECT_EQ(0, tshm_procs_terminate(procs));
 	EXPECT_EQ(0, tshm_procs_join(procs, 20000, NULL));
 	tshm_procs_destroy(procs);
 }
