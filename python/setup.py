@@ -48,6 +48,8 @@ setup(ext_modules=[Extension(
     define_macros=macros,
     extra_compile_args=["-std=gnu11", "-fvisibility=hidden",
                         "-fno-strict-aliasing"],
-    extra_link_args=["-Wl,--exclude-libs,ALL"],
+    # -z now: a spawn supervisor then unmaps the caller's memory it
+    # inherited (lib/spawn-sup-mem.c: not where a call binds lazily).
+    extra_link_args=["-Wl,--exclude-libs,ALL", "-Wl,-z,now"],
     libraries=["pthread", "dl"],
 )])
