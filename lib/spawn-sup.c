@@ -651,11 +651,16 @@ static void sup_close_caller_fds(struct sup_plan *p)
 static void sup_let_go_of_caller(struct sup *s)
 {
 	struct sup_plan *p = s->p;
-	const int keep[] = { p->sock, p->wsock_r, p->sigfd, p->caller_pidfd };
-	const uintptr_t addr[] = { (uintptr_t)p, (uintptr_t)s, (uintptr_t)s->b };
+	const int fds[] = { p->sock, p->wsock_r, p->sigfd, p->caller_pidfd };
+	const struct sup_range keep[] = {
+		{ (uintptr_t)p, (uintptr_t)(p + 1) },
+		{ (uintptr_t)s, (uintptr_t)(s + 1) },
+		{ (uintptr_t)s->b, (uintptr_t)s->b +
+		  spawn_board_size((unsigned int)p->nprocs) },
+	};
 
-	spawn_close_fds_except(keep, ARRAY_SIZE(keep));
-	sup_let_go(addr, ARRAY_SIZE(addr));
+	spawn_close_fds_except(fds, ARRAY_SIZE(fds));
+	sup_let_go(keep, ARRAY_SIZE(keep));
 }
 
 void sup_main(struct sup_plan *p)

@@ -196,9 +196,13 @@ __attribute__((noreturn)) void sup_main(struct sup_plan *p);
 
 /*
  * Unmap what the supervisor inherited from the caller and does not use
- * (lib/spawn-sup-mem.c); the mappings holding @keep's addresses stay.
+ * (lib/spawn-sup-mem.c); @keep's ranges stay, up to 8 of them.
  */
-void sup_let_go(const uintptr_t *keep, int nkeep);
+struct sup_range {
+	uintptr_t start, end;
+};
+
+void sup_let_go(const struct sup_range *keep, int nkeep);
 
 /* Close every fd >= 3 except @keep (any order, -1 entries ignored). */
 void spawn_close_fds_except(const int *keep, int nkeep);

@@ -41,6 +41,7 @@ CALLER = textwrap.dedent("""
             for line in f:
                 if line.startswith(field + ":"):
                     return int(line.split()[1])
+        raise LookupError(f"no {field} in /proc/{pid}/status")
 
     if __name__ == "__main__":
         method = sys.argv[1]
@@ -54,10 +55,11 @@ CALLER = textwrap.dedent("""
             ctx = tshm.torch.spawn(_sleep, join=False, start_method=method)
             worker = ctx.pids()[0]
         sup = status_kb(worker, "PPid")
-        # It lets go just after saying the set runs: give it 10 s.
+        # It lets go just after saying the set runs: give it 10 s.  What
+        # it keeps is the libraries' data: 16 MiB with Debian's torch.
         for _ in range(1000):
             anon = status_kb(sup, "RssAnon")
-            if anon < 64 << 10:
+            if anon < 32 << 10:
                 break
             time.sleep(0.01)
         os.close(w)     # its reader sees EOF unless another process has w
@@ -83,6 +85,6 @@ def test_the_supervisor_holds_none_of_the_callers_memory(tmp_path, method):
     print(f"{method}: caller RssAnon {caller_kb} kB, its set's supervisor "
           f"{supervisor_kb} kB")
     assert caller_kb > 256 << 10        # what there was to hold
-    assert supervisor_kb < 64 << 10
+    assert supervisor_kb < 32 << 10
     # "fork" workers inherit every fd, as fork()'s children do.
     assert eof == (method != "fork")

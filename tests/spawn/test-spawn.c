@@ -1112,31 +1112,86 @@ static bool maps_mention(pid_t pid, const char *what)
 	return found;
 }
 
+struct spawn_call {
+	struct tshm_ctx *ctx;
+	struct tshm_spawn_attr *attr;
+	struct tshm_procs *procs;
+	int ret;
+};
+
+static void *spawn_in_thread(void *arg)
+{
+	struct spawn_call *c = arg;
+
+	c->ret = tshm_spawn(c->ctx, c->attr, &c->procs);
+	return NULL;
+}
+
+/*
+ * An ELF object with written anonymous memory right after it, where an
+ * object's .bss would be: this program mapped again, then @len bytes.
+ * Returns the start of it all (@*total bytes), or MAP_FAILED.
+ */
+static char *object_then_memory(size_t len, size_t *total)
+{
+	size_t page = (size_t)getpagesize(), file;
+	struct stat st;
+	char *at;
+	int fd;
+
+	fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st) < 0)
+		return MAP_FAILED;
+	file = ((size_t)st.st_size + page - 1) & ~(page - 1);
+	*total = file + len;
+	at = mmap(NULL, *total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (at != MAP_FAILED &&
+	    (mmap(at, file, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED,
+		  fd, 0) == MAP_FAILED ||
+	     mmap(at + file, len, PROT_READ | PROT_WRITE,
+		  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)) {
+		munmap(at, *total);
+		at = MAP_FAILED;
+	}
+	close(fd);
+	if (at != MAP_FAILED)
+		memset(at + file, 1, len);
+	return at;
+}
+
 /*
  * Once the set runs, the supervisor holds none of the caller's memory: not
  * its private pages (a copy-on-write image the caller's later writes would
- * double), not its shared mappings (segments it would keep alive).
+ * double: mmap()ed, malloc()ed, right after an ELF object where its .bss
+ * would be), not its shared mappings (segments it would keep alive).
+ * @thread: tshm_spawn() is called from a thread whose stack is the top of
+ * a mapping that also holds 64 MiB of data: the supervisor runs on that
+ * stack, keeps its TLS, and must let go of the rest.
  */
-TEST_F(sp, supervisor_lets_go_of_caller_memory)
+static void let_go(struct __test_metadata *_metadata, FIXTURE_DATA(sp) *self,
+		   const FIXTURE_VARIANT(sp) *variant, bool thread)
 {
-	const size_t big = 256 << 20, shared = 64 << 20;
-	struct tshm_spawn_attr *a = mkattr(_metadata, self, variant,
-					   "behave", 2);
+	const size_t big = 128 << 20, shared = 64 << 20;
+	const size_t data = 64 << 20, stack = 8 << 20;
 	struct behave_arg b = { { B_HANG, B_HANG } };
-	struct tshm_procs *procs;
+	struct spawn_call c = { .ctx = self->ctx };
+	char *priv, *heap, *shm, *obj, *region;
+	size_t obj_len;
+	pthread_attr_t ta;
 	long anon = -1;
-	char *priv, *shm;
+	pthread_t t;
 	pid_t sup;
 	int fd;
 
-#ifdef __SANITIZE_ADDRESS__
-	tshm_spawn_attr_destroy(a);
-	SKIP(return, "under ASan the supervisor keeps everything (its shadow)");
-#endif
 	priv = mmap(NULL, big, PROT_READ | PROT_WRITE,
 		    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	ASSERT_NE(MAP_FAILED, priv);
 	memset(priv, 1, big);
+	heap = malloc(big);
+	ASSERT_NE(NULL, heap);
+	memset(heap, 1, big);
+	obj = object_then_memory(32 << 20, &obj_len);
+	ASSERT_NE(MAP_FAILED, obj);
 	fd = memfd_create("tshm-test-let-go", MFD_CLOEXEC);
 	ASSERT_LE(0, fd);
 	ASSERT_EQ(0, ftruncate(fd, shared));
@@ -1144,30 +1199,72 @@ TEST_F(sp, supervisor_lets_go_of_caller_memory)
 	ASSERT_NE(MAP_FAILED, shm);
 	memset(shm, 1, shared);
 	close(fd);
+	region = mmap(NULL, data + stack, PROT_READ | PROT_WRITE,
+		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	ASSERT_NE(MAP_FAILED, region);
+	memset(region, 1, data);
 
-	ASSERT_EQ(0, tshm_spawn_attr_set_arg(a, &b, sizeof(b)));
-	ASSERT_EQ(0, tshm_spawn(self->ctx, a, &procs));
-	tshm_spawn_attr_destroy(a);
-	sup = parent_of(tshm_procs_pid(procs, 0));
+	c.attr = mkattr(_metadata, self, variant, "behave", 2);
+	ASSERT_EQ(0, tshm_spawn_attr_set_arg(c.attr, &b, sizeof(b)));
+	if (thread) {
+		ASSERT_EQ(0, pthread_attr_init(&ta));
+		ASSERT_EQ(0, pthread_attr_setstack(&ta, region + data, stack));
+		ASSERT_EQ(0, pthread_create(&t, &ta, spawn_in_thread, &c));
+		ASSERT_EQ(0, pthread_join(t, NULL));
+		pthread_attr_destroy(&ta);
+	} else {
+		spawn_in_thread(&c);
+	}
+	tshm_spawn_attr_destroy(c.attr);
+	ASSERT_EQ(0, c.ret);
+	sup = parent_of(tshm_procs_pid(c.procs, 0));
 	ASSERT_LT(1, sup);
 	/* It lets go right after telling us the set runs. */
 	for (int i = 0; i < 1000; i++) {
 		anon = status_field(sup, "RssAnon");
-		if (anon >= 0 && anon < 32 << 10 &&
+		if (anon >= 0 && anon < 16 << 10 &&
 		    !maps_mention(sup, "tshm-test-let-go"))
 			break;
 		usleep(10000);
 	}
 	TH_LOG("supervisor %d: RssAnon %ld kB, RssShmem %ld kB", sup, anon,
 	       status_field(sup, "RssShmem"));
-	EXPECT_LT(anon, 32 << 10);
+	EXPECT_LE(0, anon);
+	EXPECT_GT(16 << 10, anon);
 	EXPECT_FALSE(maps_mention(sup, "tshm-test-let-go"));
 	munmap(priv, big);
+	free(heap);
+	munmap(obj, obj_len);
 	munmap(shm, shared);
+	munmap(region, data + stack);
 	/* It still does its job: terminate, reap, report. */
-	EXPECT_EQ(0, tshm_procs_terminate(procs));
-	EXPECT_EQ(0, tshm_procs_join(procs, 20000, NULL));
-	tshm_procs_destroy(procs);
+	EXPECT_EQ(0, tshm_procs_terminate(c.procs));
+	EXPECT_EQ(0, tshm_procs_join(c.procs, 20000, NULL));
+	tshm_procs_destroy(c.procs);
+}
+
+#ifdef __SANITIZE_ADDRESS__
+#define SKIP_LET_GO()							\
+	SKIP(return, "under ASan the supervisor keeps everything (its shadow)")
+#else
+#define SKIP_LET_GO()							\
+	do {								\
+		if (variant->method == TSHM_START_FORKSERVER)		\
+			SKIP(return, "forkserver: forked before the memory "\
+			     "existed, its supervisors never had it");	\
+	} while (0)
+#endif
+
+TEST_F(sp, supervisor_lets_go_of_caller_memory)
+{
+	SKIP_LET_GO();
+	let_go(_metadata, self, variant, false);
+}
+
+TEST_F(sp, supervisor_of_a_thread_lets_go_of_caller_memory)
+{
+	SKIP_LET_GO();
+	let_go(_metadata, self, variant, true);
 }
 
 TEST_F(sp, no_context)
