@@ -301,8 +301,16 @@ static bool note_object(struct scratch *sc, const struct map_line *m,
 	return true;
 }
 
+/*
+ * A range kept, page-aligned, in the VMA that holds @anchor only: a window
+ * around the stack pointer must not keep the neighbouring mapping.
+ */
+struct kept {
+	uintptr_t start, end, anchor;
+};
+
 struct pass {
-	const struct sup_range *keep;	/* page-aligned */
+	const struct kept *keep;
 	int nkeep;
 	uintptr_t page;
 	uintptr_t object_end;	/* end of the last object mapping seen */
@@ -324,18 +332,24 @@ static bool drop(struct scratch *sc, uintptr_t start, uintptr_t end)
 	return true;
 }
 
-/* Drop [start, end) but the kept ranges from @k on; false when full. */
-static bool drop_but_kept(struct scratch *sc, const struct pass *ps, int k,
-			  uintptr_t start, uintptr_t end)
+/*
+ * Drop [start, end) of @m but the kept ranges from @k on that belong to
+ * it; false when the list is full.
+ */
+static bool drop_but_kept(struct scratch *sc, const struct pass *ps,
+			  const struct map_line *m, int k, uintptr_t start,
+			  uintptr_t end)
 {
 	for (; k < ps->nkeep; k++) {
-		uintptr_t ks = ps->keep[k].start, ke = ps->keep[k].end;
+		const struct kept *kp = &ps->keep[k];
 
-		if (ke <= start || ks >= end)
+		if (kp->anchor < m->start || kp->anchor >= m->end ||
+		    kp->end <= start || kp->start >= end)
 			continue;
-		return drop_but_kept(sc, ps, k + 1, start,
-				     ks > start ? ks : start) &&
-		       drop_but_kept(sc, ps, k + 1, ke < end ? ke : end, end);
+		return drop_but_kept(sc, ps, m, k + 1, start,
+				     kp->start > start ? kp->start : start) &&
+		       drop_but_kept(sc, ps, m, k + 1,
+				     kp->end < end ? kp->end : end, end);
 	}
 	return drop(sc, start, end);
 }
@@ -364,43 +378,47 @@ static bool note_unneeded(struct scratch *sc, const struct map_line *m,
 	if (m->id.ino == 0 && after == m->start && ps->bss_end > start)
 		start = ps->bss_end < m->end ? ps->bss_end : m->end;
 	/* Full: unmap what was noted, and read again. */
-	return drop_but_kept(sc, ps, 0, start, m->end);
+	return drop_but_kept(sc, ps, m, 0, start, m->end);
 }
 
-static void keep_range(struct sup_range *keep, int *n, uintptr_t page,
-		       uintptr_t start, uintptr_t end)
+static void keep_range(struct kept *keep, int *n, uintptr_t page,
+		       uintptr_t anchor, uintptr_t start, uintptr_t end)
 {
 	keep[*n].start = start & ~(page - 1);
 	keep[*n].end = ALIGN_UP(end, page);
+	keep[*n].anchor = anchor;
 	(*n)++;
 }
 
 void sup_let_go(const struct sup_range *range, int nrange)
 {
-	struct sup_range keep[MAX_KEEP];
+	struct kept keep[MAX_KEEP];
 	uintptr_t page = (uintptr_t)getpagesize();
 	uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
 	uintptr_t tp = (uintptr_t)__builtin_thread_pointer();
-	uintptr_t lo = (uintptr_t)&errno, hi = lo;
+	uintptr_t err = (uintptr_t)&errno, lo = err, hi = err;
 	struct scratch *sc;
 	struct pass ps;
 	int n = 0;
 
 	if (SUP_SANITIZED || !bound_now() || shadow_stack() ||
-	    nrange > MAX_KEEP - 4)
+	    nrange > MAX_KEEP - 5)
 		return;
 	sc = mmap(NULL, sizeof(*sc), PROT_READ | PROT_WRITE,
 		  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (sc == MAP_FAILED)
 		return;
 	for (int i = 0; i < nrange; i++)
-		keep_range(keep, &n, page, range[i].start, range[i].end);
+		keep_range(keep, &n, page, range[i].start, range[i].start,
+			   range[i].end);
 	/* Room below for the loop's calls; its callers' frames above. */
-	keep_range(keep, &n, page, sp - STACK_KEPT, sp + STACK_KEPT);
+	keep_range(keep, &n, page, sp, sp - STACK_KEPT, sp + STACK_KEPT);
 	lo = tp < lo ? tp : lo;
 	hi = tp > hi ? tp : hi;
-	keep_range(keep, &n, page, lo - TLS_KEPT, hi + TLS_KEPT);
-	keep_range(keep, &n, page, (uintptr_t)sc, (uintptr_t)(sc + 1));
+	keep_range(keep, &n, page, tp, lo - TLS_KEPT, hi + TLS_KEPT);
+	keep_range(keep, &n, page, err, lo - TLS_KEPT, hi + TLS_KEPT);
+	keep_range(keep, &n, page, (uintptr_t)sc, (uintptr_t)sc,
+		   (uintptr_t)(sc + 1));
 	ps.keep = keep;
 	ps.nkeep = n;
 	ps.page = page;
