@@ -71,7 +71,7 @@ extern ElfW(Dyn) _DYNAMIC[] __attribute__((weak, visibility("hidden")));
 #define MAX_RANGES	1024	/* ranges unmapped per read of the maps */
 #define MAX_PASSES	256
 #define MAPS_LINE_MAX	8192
-#define MAX_KEEP	12
+#define MAX_KEEP	12	/* 8 named ranges, stack, TP, errno, scratch */
 /*
  * Stack kept around the stack pointer, and TLS and TCB around the thread
  * pointer and errno: the TCB (glibc's struct pthread, 2.3 KiB) and the
@@ -92,7 +92,7 @@ struct file_id {
 struct scratch {
 	struct file_id obj[MAX_OBJECTS];
 	int nobj;
-	uintptr_t range[MAX_RANGES][2];
+	struct sup_range range[MAX_RANGES];
 	int nrange;
 	char buf[MAPS_LINE_MAX * 2];
 };
@@ -321,14 +321,14 @@ static bool drop(struct scratch *sc, uintptr_t start, uintptr_t end)
 {
 	if (start >= end)
 		return true;
-	if (sc->nrange && sc->range[sc->nrange - 1][1] == start) {
-		sc->range[sc->nrange - 1][1] = end;
+	if (sc->nrange && sc->range[sc->nrange - 1].end == start) {
+		sc->range[sc->nrange - 1].end = end;
 		return true;
 	}
 	if (sc->nrange == MAX_RANGES)
 		return false;
-	sc->range[sc->nrange][0] = start;
-	sc->range[sc->nrange++][1] = end;
+	sc->range[sc->nrange].start = start;
+	sc->range[sc->nrange++].end = end;
 	return true;
 }
 
@@ -402,7 +402,7 @@ void sup_let_go(const struct sup_range *range, int nrange)
 	int n = 0;
 
 	if (SUP_SANITIZED || !bound_now() || shadow_stack() ||
-	    nrange > MAX_KEEP - 5)
+	    nrange > MAX_KEEP - 4)
 		return;
 	sc = mmap(NULL, sizeof(*sc), PROT_READ | PROT_WRITE,
 		  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -434,8 +434,8 @@ void sup_let_go(const struct sup_range *range, int nrange)
 		ps.object_end = ps.bss_end = 0;
 		whole = each_line(sc, note_unneeded, &ps);
 		for (int i = 0; i < sc->nrange; i++)
-			gone += munmap((void *)sc->range[i][0],
-				       sc->range[i][1] - sc->range[i][0]) == 0;
+			gone += munmap((void *)sc->range[i].start,
+				       sc->range[i].end - sc->range[i].start) == 0;
 		/* Done, or nothing more will go (mseal()ed). */
 		if (whole || !gone)
 			break;

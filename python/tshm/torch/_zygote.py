@@ -24,9 +24,9 @@ first says ("ok", its pid) once it imported torch, then answers:
 
 or ("err", text) for a request that raised (the zygote goes on), where
 result is what _Procs.join() returns and codes each rank's exit code
-(None while it runs; "close" waits until every worker is reaped).  A join waits at most JOIN_SLICE
-seconds in the zygote, so that one set's join never holds up another's;
-the caller loops.  The zygote exits when the caller closes the
+(None while it runs; "close" waits until every worker is reaped).  A
+join waits at most JOIN_SLICE seconds in the zygote, so that one set's
+join never holds up another's; the caller loops.  The zygote exits when the caller closes the
 connection or exits.
 
 What can go wrong, and what happens then:
