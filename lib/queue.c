@@ -364,7 +364,8 @@ struct qmsg {
  */
 static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
 {
-	int64_t d, stall_since, bound = q_claim_bound_ns(q->max_msg);
+	int64_t d, stall_since, stalled, check;
+	int64_t bound = q_claim_bound_ns(q->max_msg);
 	struct qhdr *hdr = q->hdr;
 	uint64_t h, w, next;
 	struct deadline sub;
@@ -406,7 +407,33 @@ static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
 				}
 				continue;
 			case QS_CLAIMED:
-				if (q_tid_gone(owner)) {
+				/*
+				 * Since when this claim stands unpublished:
+				 * remembered in @q across calls (a race
+				 * between threads only moves the moment, and
+				 * revoking a live claim costs it a retry).
+				 */
+				stalled = now_ns();
+				if (atomic_load(&q->stall_w) != w) {
+					stall_since = stalled;
+					atomic_store(&q->stall_since,
+						     stall_since);
+					atomic_store(&q->stall_w, w);
+				} else {
+					stall_since =
+						atomic_load(&q->stall_since);
+				}
+				stalled -= stall_since;
+				/*
+				 * A claim is published within microseconds,
+				 * and asking whether its thread died costs a
+				 * kill() and a read of /proc: a receiver that
+				 * waits asks only once the claim has stood
+				 * QUEUE_DEAD_CHECK_NS (it sleeps until then).
+				 */
+				if ((dl->nowait ||
+				     stalled >= QUEUE_DEAD_CHECK_NS) &&
+				    q_tid_gone(owner)) {
 					/* Its sender died before publishing. */
 					if (q_cas(slot, w, next)) {
 						q_advance(&hdr->head, h);
@@ -415,29 +442,22 @@ static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
 					}
 					continue;
 				}
-				/*
-				 * Since when this claim stands unpublished:
-				 * remembered in @q across calls (a race
-				 * between threads only moves the moment, and
-				 * revoking a live claim costs it a retry).
-				 */
-				if (atomic_load(&q->stall_w) != w) {
-					stall_since = now_ns();
-					atomic_store(&q->stall_since,
-						     stall_since);
-					atomic_store(&q->stall_w, w);
-				} else if ((stall_since =
-					    atomic_load(&q->stall_since)),
-					   now_ns() - stall_since >= bound) {
+				if (stalled >= bound) {
 					/* Stopped or slow: revoke the claim. */
 					q_cas(slot, w, qs_make_tid(QS_QFULL, h,
 								   owner));
 					continue;
 				}
-				/* Wait for its publish, not past the bound. */
+				/*
+				 * Wait for its publish, not past the moment
+				 * of the next check.
+				 */
 				sub = *dl;
-				if (sub.ns > stall_since + bound)
-					sub.ns = stall_since + bound;
+				check = stall_since +
+					(stalled < QUEUE_DEAD_CHECK_NS ?
+					 QUEUE_DEAD_CHECK_NS : bound);
+				if (sub.ns > check)
+					sub.ns = check;
 				ret = q_wait(q, &hdr->pub, seen, &hdr->rwait,
 					     &sub);
 				if (ret == -ETIMEDOUT && !deadline_expired(dl))

@@ -36,6 +36,11 @@
  */
 #define QUEUE_CLAIM_NS		(20 * 1000 * 1000LL)
 #define QUEUE_CLAIM_NS_PER_BYTE	10
+/*
+ * A receiver that waits asks whether a claimer's thread died once the
+ * claim has stood this long unpublished (q_find()), not at first sight.
+ */
+#define QUEUE_DEAD_CHECK_NS	(1000 * 1000LL)
 
 static inline int64_t q_claim_bound_ns(size_t max_msg)
 {

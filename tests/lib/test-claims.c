@@ -11,6 +11,11 @@
  *  nonblocking_receiver_behind_stopped_sender: a receiver with timeout 0
  *    (a poll loop on tshm_queue_fd()) revokes a stopped claim once its
  *    calls add up to the claim bound: what is behind it is received.
+ *  live_claims_not_probed: whether a claimer died costs a kill() and a
+ *    read of /proc, asked where a claim is suspect only.  A receiver
+ *    waiting behind a live sender's claim (on the fallback the sender
+ *    claims, then sends the segment's fds: several microseconds) asked
+ *    at every message, /proc read and all.
  *  other_pid_namespace_refused: claims name threads by id, meaningful in
  *    one pid namespace only.  A receiver in another one used to get ESRCH
  *    for a live sender, free its claim, and the sender's resumed copy tore
@@ -23,6 +28,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "tshm-test.h"
 #include "stop-in-copy.h"
@@ -171,6 +177,103 @@ TEST(nonblocking_receiver_behind_stopped_sender)
 	EXPECT_EQ(0, ret);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
+	tshm_queue_unref(q);
+	tshm_ctx_close(ctx);
+}
+
+/* read() system calls this process has made (/proc/self/io), or -1. */
+static long reads_made(void)
+{
+	char buf[512], *p;
+	long n = -1;
+	FILE *f = fopen("/proc/self/io", "r");
+
+	if (!f)
+		return -1;
+	while (fgets(buf, sizeof(buf), f)) {
+		p = strstr(buf, "syscr: ");
+		if (p == buf)
+			n = strtol(p + 7, NULL, 10);
+	}
+	fclose(f);
+	return n;
+}
+
+#define PINGS	2000
+
+static void spin_us(int us)
+{
+	struct timespec t0, t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	} while ((t.tv_sec - t0.tv_sec) * 1000000 +
+		 (t.tv_nsec - t0.tv_nsec) / 1000 < us);
+}
+
+/*
+ * Ping-pong of messages that carry a segment: the receiver waits (as a
+ * blocking get() does) while each sender holds its claim.  It used to
+ * read /proc/<tid>/stat about once per message; now it asks only about a
+ * claim that has stood QUEUE_DEAD_CHECK_NS (1 ms), which a busy machine
+ * may make a few do.
+ */
+TEST(live_claims_not_probed)
+{
+	struct tshm_seg *segs[TSHM_QUEUE_MAX_SEGS], *got[TSHM_QUEUE_MAX_SEGS];
+	struct tshm_queue *q, *acks;
+	struct tshm_ctx *ctx;
+	unsigned int n, j;
+	long reads = -1;
+	size_t len;
+	int i, status;
+	pid_t rx;
+
+	if (reads_made() < 0)
+		SKIP(return, "no /proc/self/io (CONFIG_TASK_IO_ACCOUNTING)");
+	ASSERT_EQ(0, tshm_ctx_open(&ctx, 0));
+	ASSERT_EQ(0, tshm_queue_create(ctx, 4, 64, &q));
+	ASSERT_EQ(0, tshm_queue_create(ctx, 4, 64, &acks));
+	/* The most segments: on the fallback, the longest claim (16 fds). */
+	for (j = 0; j < TSHM_QUEUE_MAX_SEGS; j++)
+		ASSERT_EQ(0, tshm_seg_create(ctx, 4096, "claims", 0, &segs[j]));
+	rx = fork();
+	ASSERT_LE(0, rx);
+	if (rx == 0) {
+		long before = reads_made();
+
+		for (i = 0; i < PINGS; i++) {
+			n = TSHM_QUEUE_MAX_SEGS;
+			if (tshm_queue_recv(q, NULL, 0, &len, got, &n, 5000))
+				_exit(1);
+			for (j = 0; j < n; j++)
+				tshm_seg_unref(got[j]);
+			if (i < PINGS - 1 &&
+			    tshm_queue_send(acks, "k", 1, NULL, 0, 5000))
+				_exit(2);
+			/* Back late, as a Python get() is: in the claim. */
+			spin_us(i % 16);
+		}
+		reads = reads_made() - before;
+		_exit(tshm_queue_send(acks, &reads, sizeof(reads), NULL, 0,
+				      5000) ? 3 : 0);
+	}
+	for (i = 0; i < PINGS; i++) {
+		ASSERT_EQ(0, tshm_queue_send(q, NULL, 0, segs,
+					     TSHM_QUEUE_MAX_SEGS, 5000));
+		ASSERT_EQ(0, tshm_queue_recv(acks, &reads, sizeof(reads), &len,
+					     NULL, NULL, 5000));
+	}
+	ASSERT_EQ(sizeof(reads), len);
+	ASSERT_EQ(rx, waitpid(rx, &status, 0));
+	ASSERT_TRUE(WIFEXITED(status));
+	EXPECT_EQ(0, WEXITSTATUS(status));
+	TH_LOG("the receiver made %ld read()s for %d messages", reads, PINGS);
+	EXPECT_LT(reads, PINGS / 20);
+	for (j = 0; j < TSHM_QUEUE_MAX_SEGS; j++)
+		tshm_seg_unref(segs[j]);
+	tshm_queue_unref(acks);
 	tshm_queue_unref(q);
 	tshm_ctx_close(ctx);
 }
