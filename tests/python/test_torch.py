@@ -338,8 +338,17 @@ def _platform_default():
     return context._default_context._default_context.get_start_method()
 
 
+def _one_thread():
+    """A fork of this process, which ran parallel ops, deadlocks at its own
+    first one on GNU OpenMP (torch 2.x) with more than one thread
+    (Documentation/python/torch.rst, "fork"); DataLoader's workers run on
+    one for that reason."""
+    torch.set_num_threads(1)
+
+
 def _echo(q, r):
     """Receive tensors, write to them, send them back (re-send)."""
+    _one_thread()
     while True:
         t = q.get()
         if t is None:
@@ -602,6 +611,7 @@ def test_context_queue_big_maxsize():
 
 
 def _put_and_exit(q, n):
+    _one_thread()
     q.put([torch.full((100000,), float(i)) for i in range(n)])
 
 

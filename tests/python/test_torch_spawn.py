@@ -87,6 +87,8 @@ def test_a_worker_killed_by_a_signal_is_process_exited(method):
     err = info.value
     assert (err.error_index, err.pid) == (1, pids[1])
     assert (err.exit_code, err.signal_name) == (-signal.SIGKILL, "SIGKILL")
+    # torch's words, which torch's own tests match
+    assert str(err) == "process 1 terminated with signal SIGKILL"
     assert not any(alive(p) for p in pids)
 
 
@@ -188,11 +190,92 @@ def _exit_3(rank):
         sys.exit(3)
 
 
-def test_exit_status_and_bad_arguments():
+@pytest.mark.parametrize("method", METHODS)
+def test_exit_status_in_torchs_words(method):
+    with pytest.raises(ProcessExitedException) as info:
+        tshm.torch.spawn(_exit_3, nprocs=2, start_method=method)
+    err = info.value
+    assert (err.error_index, err.exit_code, err.signal_name) == (1, 3, None)
+    assert str(err) == "process 1 terminated with exit code 3"
+
+
+def test_bad_arguments_and_no_workers():
+    """nprocs=0 starts nothing, as torch's spawn: join() is done at once."""
     with pytest.raises(ValueError, match="start_method"):
         tshm.torch.spawn(_report, nprocs=1, start_method="vfork")
-    with pytest.raises(ValueError):
-        tshm.torch.spawn(_report, nprocs=0)
+    with pytest.raises(ValueError, match="negative"):
+        tshm.torch.spawn(_report, nprocs=-1)
+    assert tshm.torch.spawn(_report, nprocs=0) is None
+    ctx = tshm.torch.spawn(_report, nprocs=0, join=False)
+    assert ctx.join() and ctx.pids() == [] and ctx.processes == []
+
+
+def _interrupted(rank):
+    if rank == 1:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_keyboard_interrupt_in_a_worker_is_a_clean_exit(method):
+    """As torch's workers: SIGINT is the parent telling them to stop."""
+    assert tshm.torch.spawn(_interrupted, nprocs=2,
+                            start_method=method) is None
+
+
+def _make_shared_memory(rank, q):
+    from multiprocessing import shared_memory
+    s = shared_memory.SharedMemory(create=True, size=16)
+    s.buf[0] = 42
+    q.put(s.name)
+    s.close()
+
+
+@pytest.mark.parametrize("method", [pytest.param("spawn", marks=_HOST_ONLY),
+                                    pytest.param("forkserver",
+                                                 marks=_HOST_ONLY)])
+def test_workers_use_the_callers_resource_tracker(method):
+    """multiprocessing hands its spawn and forkserver children the
+    parent's resource tracker: what a worker registers outlives it, as
+    with torch's spawn.  A tracker of the worker's own unlinked it when
+    the worker exited."""
+    from multiprocessing import shared_memory
+    q = tshm.Queue()
+    tshm.torch.spawn(_make_shared_memory, args=(q,), start_method=method)
+    name = q.get(timeout=10)
+    time.sleep(0.5)           # a tracker of its own would have run by now
+    s = shared_memory.SharedMemory(name=name)
+    try:
+        assert s.buf[0] == 42
+    finally:
+        s.close()
+        s.unlink()
+
+
+NO_MAIN_GUARD = textwrap.dedent("""
+    import sys
+    import tshm.torch
+
+    def fn(rank):
+        pass
+
+    tshm.torch.spawn(fn, start_method=sys.argv[1])
+    print("spawned")
+""")
+
+
+@_HOST_ONLY
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_main_module_without_its_guard_is_told_so(tmp_path, method):
+    """multiprocessing's error for a script that starts workers as it is
+    imported (in every worker, for want of `if __name__ == "__main__":`),
+    not a worker starting workers of its own."""
+    script = tmp_path / "noguard.py"
+    script.write_text(NO_MAIN_GUARD)
+    out = subprocess.run([sys.executable, str(script), method],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "bootstrapping phase" in out.stderr, out.stderr
+    assert "spawned" not in out.stdout
 
 
 def test_fork_worker_exit_status_and_closure():
@@ -351,7 +434,13 @@ def test_an_exit_while_waiting_for_threads_runs_no_exit_handler(tmp_path,
     out = subprocess.run([sys.executable, str(script), method],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout == "ProcessExitedException 0 1\n"
+    # Python 3.13's wait for threads ignores the handler's exception, as
+    # in a plain program and in multiprocessing's children (torch 2.x's
+    # Debian runs on it); 3.11's raises it: exit status 1.
+    want = {"ProcessExitedException 0 1\n"}
+    if sys.version_info >= (3, 12):
+        want.add("")
+    assert out.stdout in want
 
 
 def _length(rank, q, blob):
@@ -664,6 +753,8 @@ class _Range(torch.utils.data.Dataset):
 
 def _gloo_rank(rank, port, q):
     import torch.distributed as dist
+    # torch >= 2.4's TCPStore wants libuv, which Debian's torch lacks.
+    os.environ.setdefault("USE_LIBUV", "0")
     from torch.utils.data import DataLoader
     dl = DataLoader(_Range(rank), batch_size=4, num_workers=2,
                     multiprocessing_context=tshm.torch.get_context("fork"))

@@ -44,15 +44,44 @@ def _failure(res, tb):
         if raised is not None:
             return raised(msg, rank, pid)
         return RuntimeError(msg)
-    msg = f"process {summary or rank}" + (f": {message}" if message
-                                          else "")
-    if exited is not None:
+    name = None
+    if signo:
         try:
-            name = signal.Signals(signo).name if signo else None
+            name = signal.Signals(signo).name
         except ValueError:          # real-time signals have no name
             name = f"SIG{signo}"
+    if rank >= 0 and name:
+        # torch's words (torch.multiprocessing.spawn's ProcessContext),
+        # which callers match: "process 0 terminated with signal SIGKILL"
+        msg = f"process {rank} terminated with signal {name}"
+    elif rank >= 0 and summary.startswith(
+            f"rank {rank} (pid {pid}): exited with status "):
+        msg = f"process {rank} terminated with exit code {code}"
+    else:
+        # Not an exit: it could not start, the supervisor died, or it
+        # still runs after the join's timeout.  libtshm's words.
+        msg = f"process {summary or rank}"
+        message = ""
+    if message:
+        msg += f": {message}"
+    if exited is not None:
         return exited(msg, rank, pid, code if not signo else -signo, name)
     return RuntimeError(msg)
+
+
+class NoProcesses:
+    """What spawn(nprocs=0, join=False) returns: torch's ProcessContext
+    over no processes, whose join() is done at once."""
+
+    def __init__(self):
+        self.processes = []
+        self.sentinels = {}
+
+    def pids(self):
+        return []
+
+    def join(self, timeout=None, grace_period=None):
+        return True
 
 
 class WorkerProcess:

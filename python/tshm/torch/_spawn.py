@@ -37,10 +37,10 @@ import sys
 import threading
 import traceback
 from multiprocessing import (context, process, reduction, resource_sharer,
-                             spawn as mp_spawn, util)
+                             resource_tracker, spawn as mp_spawn, util)
 
 from .._tshm import _Procs
-from ._context import SLOT, ProcessContext
+from ._context import SLOT, NoProcesses, ProcessContext
 from ._reductions import sending_as_tshm
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -66,8 +66,14 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
     if start_method not in START_METHODS:
         raise ValueError(f"tshm.torch.spawn: start_method {start_method!r} "
                          f"is not supported; use one of {START_METHODS}")
-    if nprocs < 1:
-        raise ValueError("nprocs must be at least 1")
+    if nprocs < 0:
+        raise ValueError(f"nprocs must not be negative, not {nprocs}")
+    # As multiprocessing's start(): the main module of a "spawn" or
+    # "forkserver" worker that starts workers as it is imported, for
+    # want of an `if __name__ == "__main__":`, is told so.
+    mp_spawn._check_not_importing_main()
+    if nprocs == 0:             # torch's spawn starts nothing, waits for it
+        return _finish(NoProcesses(), join)
     if process.current_process().daemon:
         # As multiprocessing's start() (an assert there): torch's spawn
         # raises it from a daemonic process, a daemonic worker included.
@@ -95,11 +101,14 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
         os.ftruncate(board, nprocs * SLOT)
         bfd = os.dup(board)          # the workers' copy: no CLOEXEC
         os.set_inheritable(bfd, True)
+        tfd = tracker_fd()
         try:
-            procs = _Procs(_interpreter(_WORKER) + [str(pfd), str(bfd)],
-                           nprocs, env=env)
+            procs = _Procs(_interpreter(_WORKER) +
+                           [str(pfd), str(bfd), str(tfd)], nprocs, env=env)
         finally:
             os.close(bfd)
+            if tfd >= 0:
+                os.close(tfd)
     except BaseException:
         os.close(board)
         raise
@@ -123,6 +132,41 @@ class _Spawning:
     @staticmethod
     def duplicate_for_child(fd):
         return fd
+
+
+def tracker_fd():
+    """An inheritable copy of the fd of this process's multiprocessing
+    resource tracker (started if it is not running), or -1 if it cannot
+    be had.  multiprocessing hands it to its "spawn" and "forkserver"
+    children, so that what they register (a SharedMemory, a semaphore)
+    is the caller's tracker's, not a tracker of their own that cleans it
+    up when they exit."""
+    try:
+        fd = os.dup(resource_tracker.getfd())
+    except (OSError, ValueError):
+        return -1
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def use_tracker(fd):
+    """In a worker: use the caller's resource tracker (tracker_fd()),
+    as multiprocessing's spawn_main() does."""
+    if fd >= 0:
+        resource_tracker._resource_tracker._fd = fd
+
+
+def prepare(prep, who):
+    """multiprocessing's spawn.prepare() for the worker who is, marked
+    as still starting up as multiprocessing's spawn children are: a main
+    module that starts workers as it is imported gets multiprocessing's
+    error about the missing `if __name__ == "__main__":`."""
+    me = process.current_process()
+    me._inheriting = True
+    try:
+        mp_spawn.prepare(_prepared(prep, who))
+    finally:
+        del me._inheriting
 
 
 def _interpreter(code):
@@ -295,7 +339,7 @@ def _forked_worker(fn, args, bfd, rank, who):
         install()
         fn(rank, *args)
     except KeyboardInterrupt:
-        code = 1
+        pass                  # as torch's workers: SIGINT, told to stop
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (e.code is not None)
     except BaseException:
@@ -331,12 +375,13 @@ def _read_all(fd):
         off += len(b)
 
 
-def _worker(pfd, bfd, rank, nprocs):
+def _worker(pfd, bfd, tfd, rank, nprocs):
     pfd, bfd, rank = int(pfd), int(bfd), int(rank)
     try:
+        use_tracker(int(tfd))
         prep, calls, whos = pickle.loads(_read_all(pfd))
         os.close(pfd)
-        mp_spawn.prepare(_prepared(prep, whos[rank]))
+        prepare(prep, whos[rank])
         _become(whos[rank])
         _apply_thread_budget()
         from . import install
@@ -345,7 +390,7 @@ def _worker(pfd, bfd, rank, nprocs):
         del calls
         fn(rank, *args)
     except KeyboardInterrupt:
-        sys.exit(1)
+        sys.exit(0)           # as torch's workers: SIGINT, told to stop
     except SystemExit:
         raise
     except BaseException:

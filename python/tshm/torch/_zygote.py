@@ -63,7 +63,7 @@ import socket
 import sys
 import threading
 import time
-from multiprocessing import connection, reduction, spawn as mp_spawn
+from multiprocessing import connection, reduction
 
 from .._tshm import _Procs
 from . import _spawn
@@ -75,7 +75,7 @@ STDERR_SHOWN = 16 * 1024
 # up (tshm or torch not importable), that is what the caller shows.
 _SERVE = ("import os, sys; err = os.dup(2); os.dup2(int(sys.argv[2]), 2); "
           "from tshm.torch._zygote import _serve; "
-          "_serve(int(sys.argv[1]), int(sys.argv[2]), err)")
+          "_serve(int(sys.argv[1]), int(sys.argv[2]), err, int(sys.argv[3]))")
 
 _lock = threading.Lock()
 # (pid of its starter, _Procs, Connection, _Life): the zygote now.
@@ -113,12 +113,16 @@ def _start():
     try:
         os.set_inheritable(theirs.fileno(), True)
         log_child = os.dup(log)
+        tfd = _spawn.tracker_fd()
         try:
             os.set_inheritable(log_child, True)
             procs = _Procs(_spawn._interpreter(_SERVE) +
-                           [str(theirs.fileno()), str(log_child)], 1)
+                           [str(theirs.fileno()), str(log_child), str(tfd)],
+                           1)
         finally:
             os.close(log_child)
+            if tfd >= 0:
+                os.close(tfd)
         theirs.close()
         conn = connection.Connection(mine.detach())
         try:
@@ -244,9 +248,9 @@ class ZygoteProcs:
                 # ProcessExitedException says (rank 0, the zygote's pid).
                 self._key = None
                 _, pid, code, signo, _, _ = e.args
-                return (0, pid, code, signo, "", f"the forkserver zygote "
-                        f"(pid {pid}, {_how(e.args)}) of ranks 0.."
-                        f"{len(self._pids) - 1}")
+                why = (f"the forkserver zygote (pid {pid}, {_how(e.args)}) "
+                       f"of ranks 0..{len(self._pids) - 1}")
+                return (0, pid, code, signo, why, why)
             if res is not False:
                 if res is not None and tb:
                     self._tracebacks[res[0]] = tb
@@ -315,7 +319,7 @@ def _run(prep, call, who, environ, board, rank):
     os.environ.clear()
     os.environ.update(environ)
     os.environ.update(budget)
-    mp_spawn.prepare(_spawn._prepared(prep, who))
+    _spawn.prepare(prep, who)
     fn, args = pickle.loads(call)
     return _spawn._forked_worker(fn, args, board, rank, who)
 
@@ -348,10 +352,12 @@ def _handle(req, sets):
     raise ValueError(f"unknown request {req[0]!r}")
 
 
-def _serve(fd, log, stderr):
+def _serve(fd, log, stderr, tracker):
     """The zygote: fd its connection, log the memfd its stderr goes to
-    until it is up, stderr its own stderr."""
+    until it is up, stderr its own stderr, tracker the caller's
+    multiprocessing resource tracker (its workers use it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _spawn.use_tracker(tracker)
     import torch  # noqa: F401  (what the workers start with)
     from . import install
     install()
