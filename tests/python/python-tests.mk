@@ -8,6 +8,9 @@ TESTS_BOTH += tests/python/python-core-test.sh tests/python/python-torch-test.sh
 TESTS_HOST_ASAN += tests/python/python-asan-test.sh
 # README's install paths (pip, another interpreter): builds, host only.
 TESTS_HOST += tests/python/pip-install-test.sh
+# Every suite again under torch 2.x and Python 3.13 (Debian trixie's, in a
+# chroot: scripts/torch2-root), on the host.
+TESTS_HOST += tests/python/torch2-test.sh
 # The extension runs no kernel code the C suites do not: under KASAN and
 # emulation its minutes of Python would buy nothing.
 TESTS_NOT_DEBUG += tests/python/python-core-test.sh \

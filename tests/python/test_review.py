@@ -47,11 +47,22 @@ def test_zero_length_buffer_with_threshold_zero():
 
 
 # A memoryview whose format cast() refuses was queued, then lost in get().
+# Refused at put() where cast() refuses the format (">i4" and "c8"; "f2"
+# before Python 3.12), else it arrives as it was.
 @pytest.mark.parametrize("dtype", [">i4", "f2", "c8"])
 def test_memoryview_foreign_format_refused_at_put(dtype):
     q = tshm.Queue()
-    with pytest.raises(TypeError):
-        q.put(memoryview(np.zeros(4, dtype=dtype)))
+    mv = memoryview(np.arange(4, dtype=dtype))
+    try:
+        mv.cast("B").cast(mv.format, mv.shape)
+    except (TypeError, ValueError):
+        with pytest.raises(TypeError):
+            q.put(mv)
+    else:
+        q.put(mv)
+        got = q.get(timeout=10)
+        assert (got.format, got.shape, got.tobytes()) == \
+            (mv.format, mv.shape, mv.tobytes())
     q.put("next")
     assert q.get(timeout=10) == "next"
 
