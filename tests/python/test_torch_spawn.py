@@ -222,6 +222,39 @@ def test_keyboard_interrupt_in_a_worker_is_a_clean_exit(method):
                             start_method=method) is None
 
 
+INTERRUPTED_AT_START = textwrap.dedent("""
+    import sys
+    import tshm.torch
+
+    if __name__ != "__main__":      # imported in a worker, before fn
+        raise KeyboardInterrupt
+
+    def fn(rank):
+        print("fn ran")
+
+    if __name__ == "__main__":
+        try:
+            tshm.torch.spawn(fn, start_method=sys.argv[1])
+        except Exception as e:
+            print(type(e).__name__, e)
+        else:
+            print("no failure")
+""")
+
+
+@_HOST_ONLY
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_keyboard_interrupt_before_fn_is_a_failure(tmp_path, method):
+    """Only fn's KeyboardInterrupt is a clean exit: one in the worker's
+    start-up (its main module's import) fails the run, as torch's."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED_AT_START)
+    out = subprocess.run([sys.executable, str(script), method],
+                         capture_output=True, text=True, timeout=300)
+    assert out.stdout.startswith("ProcessExitedException process 0 "
+                                 "terminated with "), out.stdout + out.stderr
+
+
 def _make_shared_memory(rank, q):
     from multiprocessing import shared_memory
     s = shared_memory.SharedMemory(create=True, size=16)

@@ -20,11 +20,17 @@ skip() {
 }
 
 [ "$(id -u)" = 0 ] || skip "chroot needs root"
-if ! root=$("$top/scripts/torch2-root"); then
-	echo "not ok 1 a trixie root with torch 2.x (scripts/torch2-root)"
+no_root() {
+	echo "not ok 1 a trixie root with torch 2.x (scripts/torch2-root): $*"
 	echo "# Totals: pass:0 fail:1 xfail:0 xpass:0 skip:0 error:0"
 	exit 1
-fi
+}
+root=$("$top/scripts/torch2-root") || no_root "could not be made"
+# Held shared for the run (inherited by what runs): no remaking or
+# removing of the root under it.
+exec 9>"$root.lock"
+flock -s 9
+[ -e "$root/.tshm-ready" ] || no_root "removed meanwhile"
 
 # In the root: build the extension, then run every suite (expanded there).
 # shellcheck disable=SC2016

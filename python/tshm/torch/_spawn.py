@@ -100,9 +100,10 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
         _write_all(pfd, payload)
         os.ftruncate(board, nprocs * SLOT)
         bfd = os.dup(board)          # the workers' copy: no CLOEXEC
-        os.set_inheritable(bfd, True)
-        tfd = tracker_fd()
+        tfd = -1
         try:
+            os.set_inheritable(bfd, True)
+            tfd = tracker_fd()
             procs = _Procs(_interpreter(_WORKER) +
                            [str(pfd), str(bfd), str(tfd)], nprocs, env=env)
         finally:
@@ -328,6 +329,16 @@ def _apply_thread_budget():
         torch.set_num_threads(int(threads))
 
 
+def _run_fn(fn, rank, args):
+    """fn(rank, *args), as torch's workers run it: a KeyboardInterrupt out
+    of it is the parent telling the worker to stop (SIGINT), no failure.
+    One before fn runs (in the worker's start-up) is a failure."""
+    try:
+        fn(rank, *args)
+    except KeyboardInterrupt:
+        pass
+
+
 def _forked_worker(fn, args, bfd, rank, who):
     """The body of a forked worker: its exit status."""
     code = 0
@@ -337,9 +348,9 @@ def _forked_worker(fn, args, bfd, rank, who):
         _apply_thread_budget()
         from . import install
         install()
-        fn(rank, *args)
+        _run_fn(fn, rank, args)
     except KeyboardInterrupt:
-        pass                  # as torch's workers: SIGINT, told to stop
+        code = 1
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (e.code is not None)
     except BaseException:
@@ -388,9 +399,9 @@ def _worker(pfd, bfd, tfd, rank, nprocs):
         install()
         fn, args = pickle.loads(calls[rank])
         del calls
-        fn(rank, *args)
+        _run_fn(fn, rank, args)
     except KeyboardInterrupt:
-        sys.exit(0)           # as torch's workers: SIGINT, told to stop
+        raise                 # killed by SIGINT, as Python says it
     except SystemExit:
         raise
     except BaseException:

@@ -113,8 +113,9 @@ def _start():
     try:
         os.set_inheritable(theirs.fileno(), True)
         log_child = os.dup(log)
-        tfd = _spawn.tracker_fd()
+        tfd = -1
         try:
+            tfd = _spawn.tracker_fd()
             os.set_inheritable(log_child, True)
             procs = _Procs(_spawn._interpreter(_SERVE) +
                            [str(theirs.fileno()), str(log_child), str(tfd)],
