@@ -364,7 +364,7 @@ struct qmsg {
  */
 static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
 {
-	int64_t d, stall_since, stalled, check;
+	int64_t d, now, stall_since, stalled, check;
 	int64_t bound = q_claim_bound_ns(q->max_msg);
 	struct qhdr *hdr = q->hdr;
 	uint64_t h, w, next;
@@ -413,9 +413,9 @@ static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
 				 * between threads only moves the moment, and
 				 * revoking a live claim costs it a retry).
 				 */
-				stalled = now_ns();
+				now = now_ns();
 				if (atomic_load(&q->stall_w) != w) {
-					stall_since = stalled;
+					stall_since = now;
 					atomic_store(&q->stall_since,
 						     stall_since);
 					atomic_store(&q->stall_w, w);
@@ -423,7 +423,7 @@ static int q_find(struct tshm_queue *q, struct deadline *dl, struct qmsg *m)
 					stall_since =
 						atomic_load(&q->stall_since);
 				}
-				stalled -= stall_since;
+				stalled = now - stall_since;
 				/*
 				 * A claim is published within microseconds,
 				 * and asking whether its thread died costs a
