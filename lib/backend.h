@@ -49,9 +49,11 @@ struct q_rx {
 	uint64_t tag;
 	unsigned xfds;
 	bool taken;
+	bool held;		/* fallback: taken without its fds, @segs set */
 	int xfd[TSHM_QUEUE_MAX_FDS];
 	int fds[2 * TSHM_QUEUE_MAX_SEGS];
 	uint64_t gen[TSHM_QUEUE_MAX_SEGS];
+	uint64_t key[TSHM_QUEUE_MAX_SEGS];
 	unsigned overflow;
 };
 

@@ -4,7 +4,10 @@
  * its lease peer travel in the queue's socket (queue-sock.c), one socket
  * message per ring message, tagged and sent and received under the segment
  * lock so that socket order is ring order; the tag lets a receiver discard
- * what a dead or revoked sender left behind (Documentation/lib/queue.rst).
+ * what a dead or revoked sender left behind.  A receiver that already holds
+ * every segment of a message, and is sent the keys it knows for them,
+ * consumes the message without installing its fds
+ * (Documentation/lib/queue.rst, "The fallback: fds of cached segments").
  */
 #include <errno.h>
 #include <string.h>
@@ -58,6 +61,8 @@ int memfd_q_send_segs(struct tshm_queue *q, struct tshm_seg *const *segs,
 		fds[2 * n] = segs[n]->fd;
 		fds[2 * n + 1] = lease[n]->fd;
 		w.gen[n] = lease[n]->gen;
+		w.ino[n] = segs[n]->id;
+		w.key[n] = atomic_load(&segs[n]->qkey);
 		h[n].id = segs[n]->id;
 		h[n].grants = 0;
 		h[n].flags = 0;
@@ -72,22 +77,85 @@ out:
 }
 
 /*
- * Fetch the fds of the message tagged @rx->tag: its segments' and its
- * own.  1: they are gone (a receiver died holding them), the slot must be
- * skipped.  -EMFILE: no room for them in this process; nothing was
- * consumed.
+ * Does this process hold segment @i of @w, with the lease the message
+ * carries?  Then the message's fds for it would only be closed again.
+ * The inode number says which segment, and the key that it is one the
+ * sender was sent or made: a key is only ever disclosed with the memfd,
+ * so a sender cannot name a segment of ours that it does not hold.  The
+ * lease must be ours already (the creator, or a holder of the same
+ * generation), as memfd_seg_adopt() would leave it.  @*out gets a
+ * reference whatever the answer.
  */
-static int recv_fds(struct tshm_queue *q, struct q_rx *rx)
+static bool held_one(struct tshm_ctx *ctx, const struct qwire *w,
+		     unsigned i, struct tshm_seg **out)
+{
+	struct tshm_seg *seg;
+	bool held;
+
+	*out = NULL;
+	if (!w->key[i])
+		return false;
+	seg = seg_cache_find(ctx, w->ino[i]);
+	if (!seg)
+		return false;
+	*out = seg;
+	if (atomic_load(&seg->qkey) != w->key[i])
+		return false;
+	pthread_mutex_lock(&seg->lease_lock);
+	held = seg->creator || (seg->lease && seg->lease->gen == w->gen[i]);
+	pthread_mutex_unlock(&seg->lease_lock);
+	return held;
+}
+
+/*
+ * Under the segment lock: if every segment of the message peeked at, @w,
+ * is held here, consume it without its fds and put the segments in @segs
+ * (a reference each).  1: taken so; 0: its fds are needed.
+ */
+static int held_all(struct tshm_queue *q, struct q_rx *rx,
+		    const struct qwire *w, struct tshm_seg **segs)
+{
+	unsigned i, n = 0;
+	bool held = !rx->xfds && w->nsegs == rx->n && w->nfds == 2 * rx->n;
+
+	while (held && n < rx->n) {
+		held = held_one(q->ctx, w, n, &segs[n]);
+		if (segs[n])
+			n++;
+	}
+	if (held && q_sock_skip(q, rx->tag) == 0) {
+		rx->held = rx->taken = true;
+		return 1;
+	}
+	for (i = 0; i < n; i++)
+		tshm_seg_unref(segs[i]);
+	return 0;
+}
+
+/*
+ * Fetch the fds of the message tagged @rx->tag: its segments' and its
+ * own, unless every segment is held here already (held_all()).  1: they
+ * are gone (a receiver died holding them), the slot must be skipped.
+ * -EMFILE: no room for them in this process; nothing was consumed.
+ */
+static int recv_fds(struct tshm_queue *q, struct q_rx *rx,
+		    struct tshm_seg **segs)
 {
 	unsigned nsegs = rx->n, n = 2 * nsegs + rx->xfds;
 	int fds[SCM_MAX_FDS];
 	struct qwire w;
 	int ret;
 
-	ret = q_sock_take(q, rx->tag, nsegs, n, &w, fds);
+	ret = q_sock_find(q, rx->tag, &w);
+	if (ret)
+		return ret;
+	if (held_all(q, rx, &w, segs))
+		return 0;
+	ret = q_sock_take_found(q, rx->tag, nsegs, n, &w, fds);
 	if (ret)
 		return ret;
 	memcpy(rx->gen, w.gen, nsegs * sizeof(rx->gen[0]));
+	memcpy(rx->key, w.key, nsegs * sizeof(rx->key[0]));
 	memcpy(rx->fds, fds, 2 * nsegs * sizeof(*fds));
 	memcpy(rx->xfd, fds + 2 * nsegs, rx->xfds * sizeof(*fds));
 	rx->taken = true;
@@ -95,7 +163,8 @@ static int recv_fds(struct tshm_queue *q, struct q_rx *rx)
 }
 
 static int adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
-		     const uint64_t *gen, struct tshm_seg **segs)
+		     const uint64_t *gen, const uint64_t *key,
+		     struct tshm_seg **segs)
 {
 	unsigned i, j;
 	int ret = 0;
@@ -105,6 +174,9 @@ static int adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
 				      gen[i], &segs[i]);
 		if (ret < 0)
 			break;
+		/* The memfd says what it is; the creator's key stands. */
+		if (!segs[i]->creator)
+			atomic_store(&segs[i]->qkey, key[i]);
 	}
 	if (ret == 0)
 		return 0;
@@ -121,26 +193,36 @@ static int adopt_fds(struct tshm_queue *q, unsigned nsegs, int *fds,
 int memfd_q_recv_take(struct tshm_queue *q, struct q_rx *rx,
 		      struct tshm_seg **segs)
 {
-	return recv_fds(q, rx);
+	return recv_fds(q, rx, segs);
 }
 
 /* After the commit, unlocked. */
 int memfd_q_recv_finish(struct tshm_queue *q, struct q_rx *rx,
 			struct tshm_seg **segs)
 {
-	return adopt_fds(q, rx->n, rx->fds, rx->gen, segs);
+	if (rx->held)
+		return 0;	/* @segs set by held_all() */
+	return adopt_fds(q, rx->n, rx->fds, rx->gen, rx->key, segs);
 }
 
 /*
- * The message was not taken after all: close the segments' fds its socket
- * message gave (its own fds, @rx->xfd, are the queue's to close).
+ * The message was not taken after all: drop what its socket message gave,
+ * the segments' fds or the references held_all() took (its own fds,
+ * @rx->xfd, are the queue's to close).
  */
 void memfd_q_recv_undo(struct tshm_queue *q, struct q_rx *rx,
 		       struct tshm_seg **segs)
 {
+	unsigned i;
+
 	if (!rx->taken)
 		return;
-	for (unsigned i = 0; i < 2 * rx->n; i++)
-		close(rx->fds[i]);
-	rx->taken = false;
+	if (rx->held) {
+		for (i = 0; i < rx->n; i++)
+			tshm_seg_unref(segs[i]);
+	} else {
+		for (i = 0; i < 2 * rx->n; i++)
+			close(rx->fds[i]);
+	}
+	rx->taken = rx->held = false;
 }

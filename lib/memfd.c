@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -169,6 +170,14 @@ static int memfd_ctx_init(struct tshm_ctx *ctx)
 
 static void memfd_seg_created(struct tshm_seg *seg, unsigned flags)
 {
+	uint64_t key;
+
+	/*
+	 * Its queue key (memfd-queue.c): without one (no entropy yet), every
+	 * receiver installs the fds that come with it, as before keys.
+	 */
+	if (getrandom(&key, sizeof(key), GRND_NONBLOCK) == sizeof(key))
+		atomic_store(&seg->qkey, key);
 	if (flags & TSHM_SEG_HUGE)
 		madvise(seg->data, seg->size, MADV_HUGEPAGE);
 }

@@ -73,36 +73,65 @@ static ssize_t sock_recv(int sock, struct qwire *w, int flags)
 }
 
 /*
- * Under the segment lock: take the socket message tagged @tag, which must
- * carry @nsegs segments and @nfds fds, into @w and @fds, dropping older
- * messages that dead senders or receivers left behind.  0: taken; 1: it
- * is gone (a receiver died holding it, or it is malformed), skip the
- * slot; -EMFILE: no room for its fds in this process, nothing consumed.
- *
- * Three system calls: a peek at the header, so that no fds but the
- * wanted message's are ever installed here (a close() has side effects:
- * it drops this process's POSIX locks on the file); a peek with a control
- * buffer, which installs them and leaves the message queued; a recv()
- * that consumes it without them (the kernel drops its own references).
- * Out of fds the second peek comes back truncated (MSG_CTRUNC), having
- * installed some, which are closed: the message is left queued.
+ * Under the segment lock: find the socket message tagged @tag, dropping
+ * older messages that dead senders or receivers left behind (their fds
+ * are never installed here), and peek at its header, into @w.  0: it is
+ * the socket's first message; 1: it is gone (a receiver died holding it),
+ * skip the slot.
  */
-int q_sock_take(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
-		unsigned nfds, struct qwire *w, int *fds)
+int q_sock_find(struct tshm_queue *q, uint64_t tag, struct qwire *w)
+{
+	int sock = q->sfd[1];
+	struct qwire old;
+	ssize_t n;
+
+	for (;;) {
+		n = sock_recv(sock, w, MSG_PEEK);
+		if (n != sizeof(*w) || w->tag > tag)
+			return 1;
+		if (w->tag == tag)
+			return 0;
+		sock_recv(sock, &old, 0);	/* older: dropped, fds and all */
+	}
+}
+
+/*
+ * Under the segment lock, after q_sock_find(): consume the message tagged
+ * @tag without installing its fds (the kernel drops its references).  0,
+ * or 1 if what was consumed was not that message (nothing else reads).
+ */
+int q_sock_skip(struct tshm_queue *q, uint64_t tag)
+{
+	struct qwire w;
+
+	if (sock_recv(q->sfd[1], &w, 0) != sizeof(w) || w.tag != tag)
+		return 1;
+	return 0;
+}
+
+/*
+ * Under the segment lock, after q_sock_find(): take the message tagged
+ * @tag, which must carry @nsegs segments and @nfds fds, into @w and @fds.
+ * 0: taken; 1: malformed, skip the slot; -EMFILE: no room for its fds in
+ * this process, nothing consumed.
+ *
+ * Two system calls: a peek with a control buffer, which installs the fds
+ * and leaves the message queued, and a recv() that consumes it without
+ * them (the kernel drops its own references).  The header was peeked at
+ * first (q_sock_find()), so that no fds but the wanted message's are ever
+ * installed here: a close() has side effects (it drops this process's
+ * POSIX locks on the file).  Out of fds the peek comes back truncated
+ * (MSG_CTRUNC), having installed some, which are closed: the message is
+ * left queued.
+ */
+int q_sock_take_found(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
+		      unsigned nfds, struct qwire *w, int *fds)
 {
 	int sock = q->sfd[1], tries = 0, ret;
 	struct qwire head;
 	unsigned got, i;
 	ssize_t n;
 
-	for (;;) {
-		n = sock_recv(sock, &head, MSG_PEEK);
-		if (n != sizeof(head) || head.tag > tag)
-			return 1;
-		if (head.tag == tag)
-			break;
-		sock_recv(sock, &head, 0);	/* older: dropped, fds and all */
-	}
 	for (;;) {
 		got = SCM_MAX_FDS;
 		n = fd_recv(sock, w, sizeof(*w), fds, &got,
@@ -132,4 +161,13 @@ int q_sock_take(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
 	for (i = 0; i < got; i++)
 		close(fds[i]);
 	return 1;
+}
+
+/* q_sock_find(), then q_sock_take_found(): three system calls. */
+int q_sock_take(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
+		unsigned nfds, struct qwire *w, int *fds)
+{
+	int ret = q_sock_find(q, tag, w);
+
+	return ret ? ret : q_sock_take_found(q, tag, nsegs, nfds, w, fds);
 }

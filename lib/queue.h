@@ -20,7 +20,7 @@
 #include "tshm-private.h"
 
 #define QUEUE_MAGIC		0x51485354U	/* "TSHQ" */
-#define QUEUE_VERSION		6
+#define QUEUE_VERSION		7
 #define QUEUE_MAX_CAPACITY	65536U
 #define QUEUE_MAX_MSG		(16UL << 20)
 #define QUEUE_MAX_RING		(1UL << 30)
@@ -205,14 +205,17 @@ struct qsegs {
 
 /*
  * What travels through the queue's socket next to the fds: a fallback
- * message's segments (@nsegs, two fds each, and their lease generations),
- * or a message's own fds (@nsegs 0, @nfds of them).
+ * message's segments (@nsegs, two fds each, their lease generations, inode
+ * numbers and queue keys), or a message's own fds (@nsegs 0, @nfds of
+ * them).
  */
 struct qwire {
 	uint64_t tag;
 	uint32_t nsegs;
 	uint32_t nfds;
 	uint64_t gen[TSHM_QUEUE_MAX_SEGS];
+	uint64_t ino[TSHM_QUEUE_MAX_SEGS];
+	uint64_t key[TSHM_QUEUE_MAX_SEGS];
 };
 
 struct tshm_queue {
@@ -298,6 +301,10 @@ int q_sock_open(int *sfd);
 int q_sock_check(const int *fds, int *sfd);
 int q_sock_send(struct tshm_queue *q, struct qwire *w, const int *fds,
 		unsigned nfds, uint64_t *tag);
+int q_sock_find(struct tshm_queue *q, uint64_t tag, struct qwire *w);
+int q_sock_skip(struct tshm_queue *q, uint64_t tag);
+int q_sock_take_found(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
+		      unsigned nfds, struct qwire *w, int *fds);
 int q_sock_take(struct tshm_queue *q, uint64_t tag, unsigned nsegs,
 		unsigned nfds, struct qwire *w, int *fds);
 

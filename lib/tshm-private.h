@@ -150,6 +150,15 @@ struct tshm_seg {
 	uint64_t lease_gen;
 	int *lease_ends;
 	unsigned nlease_ends;
+	/*
+	 * Fallback: the segment's queue key, 0 for none.  The creator draws
+	 * it at random; it travels with the memfd in a queue's socket
+	 * messages, so only processes that were sent the segment learn it.
+	 * A receiver that holds the segment and is sent the key it knows
+	 * need not install the message's fds (memfd-queue.c).  A holder
+	 * keeps the last key that came with the memfd.
+	 */
+	_Atomic uint64_t qkey;
 
 	/*
 	 * Pool membership: ring the pool's notifier when only the pool's

@@ -903,24 +903,172 @@ check:
  * after the commit failed, losing the message and leaking its grant, so
  * the producer's release wait never ended.
  */
-TEST_F(q, recv_out_of_fds_keeps_message)
+/*
+ * A segment of patterned bytes sent @sends times as "s"; @child(q, sum of
+ * the bytes, module?) takes the messages in a child, which must exit 0;
+ * then the queue is empty and the segment released.
+ */
+static void child_takes(struct __test_metadata *_metadata,
+			struct tshm_ctx *ctx, struct tshm_queue *q,
+			unsigned sends,
+			int (*child)(struct tshm_queue *, uint64_t, bool))
 {
 	struct tshm_seg *seg;
 	uint64_t sum;
+	unsigned i;
 	pid_t pid;
 
-	ASSERT_EQ(0, tshm_seg_create(self->ctx, 1 << 16, "nofd", 0, &seg));
+	ASSERT_EQ(0, tshm_seg_create(ctx, 1 << 16, "nofd", 0, &seg));
 	fill_pattern(tshm_seg_data(seg), tshm_seg_size(seg), 7);
 	sum = fnv1a(tshm_seg_data(seg), tshm_seg_size(seg));
-	ASSERT_EQ(0, tshm_queue_send(self->q, "s", 1, &seg, 1, 0));
+	for (i = 0; i < sends; i++)
+		ASSERT_EQ(0, tshm_queue_send(q, "s", 1, &seg, 1, 0));
 	pid = fork();
 	ASSERT_LE(0, pid);
 	if (pid == 0)
-		_exit(out_of_fds_child(self->q, sum, is_kmod(self->ctx)));
+		_exit(child(q, sum, is_kmod(ctx)));
 	EXPECT_EQ(0, wait_ok(pid));
-	EXPECT_EQ(0, tshm_queue_len(self->q));
+	EXPECT_EQ(0, tshm_queue_len(q));
 	EXPECT_EQ(0, tshm_seg_wait_released(seg, 5000));
 	tshm_seg_unref(seg);
+}
+
+TEST_F(q, recv_out_of_fds_keeps_message)
+{
+	child_takes(_metadata, self->ctx, self->q, 1, out_of_fds_child);
+}
+
+/*
+ * A receiver with no fd to spare still takes a segment it holds: on the
+ * module a cache hit needs no ATTACH; on the fallback the message's fds
+ * are no longer installed only to be closed (they were, and a receiver at
+ * RLIMIT_NOFILE got -EMFILE for a tensor it already had).
+ */
+static int held_out_of_fds_child(struct tshm_queue *q, uint64_t sum,
+				 bool kmod)
+{
+	static struct fd_squeeze sq;
+	struct tshm_seg *first, *again;
+	unsigned n = 1;
+	size_t len;
+	int ret;
+	char x;
+
+	if (tshm_queue_recv(q, &x, 1, &len, &first, &n, 2000) || n != 1)
+		return 10;
+	if (fds_squeeze(&sq))
+		return 11;
+	n = 1;
+	ret = tshm_queue_recv(q, &x, 1, &len, &again, &n, 2000);
+	if (fds_unsqueeze(&sq))
+		return 12;
+	if (ret) {
+		fprintf(stderr, "# recv of a held segment out of fds: %d (%s)\n",
+			ret, tshm_strerror(ret));
+		return 13;
+	}
+	if (n != 1 || again != first || x != 's')
+		return 14;
+	if (fnv1a(tshm_seg_data(again), tshm_seg_size(again)) != sum)
+		return 15;
+	tshm_seg_unref(again);
+	tshm_seg_unref(first);
+	return 0;
+}
+
+TEST_F(q, held_segment_received_out_of_fds)
+{
+	child_takes(_metadata, self->ctx, self->q, 2, held_out_of_fds_child);
+}
+
+/*
+ * The fallback's socket message, as lib/queue.h lays it out (struct
+ * qwire): what a hostile sender writes there.
+ */
+struct wire {
+	uint64_t tag;
+	uint32_t nsegs;
+	uint32_t nfds;
+	uint64_t gen[TSHM_QUEUE_MAX_SEGS];
+	uint64_t ino[TSHM_QUEUE_MAX_SEGS];
+	uint64_t key[TSHM_QUEUE_MAX_SEGS];
+};
+
+/* The queue's socket ends, from its descriptor: "...:ring,s0,s1,efd". */
+static int queue_socket(struct tshm_queue *q, int *s0, int *s1)
+{
+	char desc[128], *p;
+	int ring, efd;
+
+	if (tshm_queue_export(q, desc, sizeof(desc)))
+		return -1;
+	p = strrchr(desc, ':');
+	if (!p || sscanf(p + 1, "%d,%d,%d,%d", &ring, s0, s1, &efd) != 4)
+		return -1;
+	return 0;
+}
+
+/*
+ * A sender that names, in its socket message, a segment the receiver holds
+ * (its inode number) while it sends the fds of another: the receiver must
+ * go by the fds unless the message carries that segment's key, which only
+ * a process that was sent the segment knows.  Here the message is
+ * rewritten in flight with the held segment's inode and a wrong key (and
+ * no key): the receiver gets the segment whose fds came, with its bytes.
+ */
+TEST_F(q, held_segment_needs_its_key)
+{
+	struct tshm_seg *held, *other, *got;
+	static const uint64_t keys[] = { 0, 0x5eed5eed5eed5eedULL };
+	unsigned char cbuf[CMSG_SPACE(2 * sizeof(int))];
+	uint64_t other_sum;
+	struct wire w;
+	struct iovec iov = { &w, sizeof(w) };
+	struct msghdr mh = {
+		.msg_iov = &iov, .msg_iovlen = 1,
+		.msg_control = cbuf, .msg_controllen = sizeof(cbuf),
+	};
+	int s0, s1, i;
+	unsigned n;
+	size_t len;
+	char c;
+
+	if (is_kmod(self->ctx))
+		SKIP(return, "the fallback's socket messages");
+	ASSERT_EQ(0, queue_socket(self->q, &s0, &s1));
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "held", 0, &held));
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "other", 0, &other));
+	fill_pattern(tshm_seg_data(held), 4096, 1);
+	fill_pattern(tshm_seg_data(other), 4096, 2);
+	other_sum = fnv1a(tshm_seg_data(other), 4096);
+	/* Held, and its key known: taken without fds. */
+	ASSERT_EQ(0, tshm_queue_send(self->q, "h", 1, &held, 1, 0));
+	n = 1;
+	ASSERT_EQ(0, tshm_queue_recv(self->q, &c, 1, &len, &got, &n, 0));
+	ASSERT_EQ(held, got);
+	tshm_seg_unref(got);
+	for (i = 0; i < 2; i++) {
+		ASSERT_EQ(0, tshm_queue_send(self->q, "o", 1, &other, 1, 0));
+		mh.msg_controllen = sizeof(cbuf);
+		ASSERT_EQ(sizeof(w), recvmsg(s1, &mh, MSG_CMSG_CLOEXEC));
+		ASSERT_EQ(1, w.nsegs);
+		ASSERT_EQ(tshm_seg_id(other), w.ino[0]);
+		w.ino[0] = tshm_seg_id(held);
+		w.key[0] = keys[i];
+		ASSERT_EQ(sizeof(w), sendmsg(s0, &mh, 0));
+		/* Ours: the sendmsg() took its own references. */
+		close(((int *)CMSG_DATA(CMSG_FIRSTHDR(&mh)))[0]);
+		close(((int *)CMSG_DATA(CMSG_FIRSTHDR(&mh)))[1]);
+		n = 1;
+		ASSERT_EQ(0, tshm_queue_recv(self->q, &c, 1, &len, &got, &n,
+					     0));
+		ASSERT_EQ(1, n);
+		EXPECT_EQ(other, got);
+		EXPECT_EQ(other_sum, fnv1a(tshm_seg_data(got), 4096));
+		tshm_seg_unref(got);
+	}
+	tshm_seg_unref(other);
+	tshm_seg_unref(held);
 }
 
 #define INFLIGHT_MSGS	200
