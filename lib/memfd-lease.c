@@ -181,7 +181,13 @@ static void lease_drop_own(struct tshm_seg *seg)
 	lease_put(own);
 }
 
-/* The creator's: 1 every lease hung up (sole holder); 0 not yet. */
+/*
+ * The creator's: 1 every lease hung up (sole holder); 0 not yet.  A
+ * segment found sole-held after it had holders gets a new queue key: the
+ * old one was disclosed to processes that no longer hold it (and it may
+ * now be reused, as a pool's buffer is).  No message carrying it can be
+ * in flight: each holds a lease end open.
+ */
 static int lease_check(struct tshm_seg *seg)
 {
 	unsigned i, n;
@@ -197,6 +203,8 @@ static int lease_check(struct tshm_seg *seg)
 		else
 			seg->lease_ends[n++] = seg->lease_ends[i];
 	}
+	if (n == 0 && seg->nlease_ends)
+		memfd_qkey_draw(seg);
 	seg->nlease_ends = n;
 	ret = n == 0;
 	pthread_mutex_unlock(&seg->lease_lock);

@@ -99,10 +99,10 @@ static bool held_one(struct tshm_ctx *ctx, const struct qwire *w,
 	if (!seg)
 		return false;
 	*out = seg;
-	if (atomic_load(&seg->qkey) != w->key[i])
-		return false;
+	/* Under @lease_lock: the creator draws a new key there. */
 	pthread_mutex_lock(&seg->lease_lock);
-	held = seg->creator || (seg->lease && seg->lease->gen == w->gen[i]);
+	held = atomic_load(&seg->qkey) == w->key[i] &&
+	       (seg->creator || (seg->lease && seg->lease->gen == w->gen[i]));
 	pthread_mutex_unlock(&seg->lease_lock);
 	return held;
 }
@@ -110,26 +110,32 @@ static bool held_one(struct tshm_ctx *ctx, const struct qwire *w,
 /*
  * Under the segment lock: if every segment of the message peeked at, @w,
  * is held here, consume it without its fds and put the segments in @segs
- * (a reference each).  1: taken so; 0: its fds are needed.
+ * (a reference each).  1: taken so; 0: its fds are needed; 2: what was
+ * consumed was not that message (only a reader outside the lock could
+ * make it so): the slot must be skipped.
  */
 static int held_all(struct tshm_queue *q, struct q_rx *rx,
 		    const struct qwire *w, struct tshm_seg **segs)
 {
 	unsigned i, n = 0;
 	bool held = !rx->xfds && w->nsegs == rx->n && w->nfds == 2 * rx->n;
+	int ret = 0;
 
 	while (held && n < rx->n) {
 		held = held_one(q->ctx, w, n, &segs[n]);
 		if (segs[n])
 			n++;
 	}
-	if (held && q_sock_skip(q, rx->tag) == 0) {
-		rx->held = rx->taken = true;
-		return 1;
+	if (held) {
+		if (q_sock_skip(q, rx->tag) == 0) {
+			rx->held = rx->taken = true;
+			return 1;
+		}
+		ret = 2;
 	}
 	for (i = 0; i < n; i++)
 		tshm_seg_unref(segs[i]);
-	return 0;
+	return ret;
 }
 
 /*
@@ -149,8 +155,9 @@ static int recv_fds(struct tshm_queue *q, struct q_rx *rx,
 	ret = q_sock_find(q, rx->tag, &w);
 	if (ret)
 		return ret;
-	if (held_all(q, rx, &w, segs))
-		return 0;
+	ret = held_all(q, rx, &w, segs);
+	if (ret)
+		return ret == 1 ? 0 : 1;
 	ret = q_sock_take_found(q, rx->tag, nsegs, n, &w, fds);
 	if (ret)
 		return ret;

@@ -168,16 +168,25 @@ static int memfd_ctx_init(struct tshm_ctx *ctx)
 	return 0;
 }
 
+/*
+ * A new queue key for @seg (memfd-queue.c), drawn when it is made and
+ * again whenever its creator finds itself the sole holder, so that a key
+ * names the segment only while the processes it was disclosed to may
+ * hold it.  Without entropy (early boot) no key: every receiver then
+ * installs the fds that come with the segment, as before keys.
+ */
+void memfd_qkey_draw(struct tshm_seg *seg)
+{
+	uint64_t key = 0;
+
+	if (getrandom(&key, sizeof(key), GRND_NONBLOCK) != sizeof(key))
+		key = 0;
+	atomic_store(&seg->qkey, key);
+}
+
 static void memfd_seg_created(struct tshm_seg *seg, unsigned flags)
 {
-	uint64_t key;
-
-	/*
-	 * Its queue key (memfd-queue.c): without one (no entropy yet), every
-	 * receiver installs the fds that come with it, as before keys.
-	 */
-	if (getrandom(&key, sizeof(key), GRND_NONBLOCK) == sizeof(key))
-		atomic_store(&seg->qkey, key);
+	memfd_qkey_draw(seg);
 	if (flags & TSHM_SEG_HUGE)
 		madvise(seg->data, seg->size, MADV_HUGEPAGE);
 }

@@ -21,6 +21,7 @@ int memfd_seg_create(struct tshm_ctx *ctx, size_t size, const char *name,
  */
 int memfd_seg_check(struct tshm_ctx *ctx, int fd, const struct stat *st);
 void memfd_seg_name(int fd, char *name, size_t len);
+void memfd_qkey_draw(struct tshm_seg *seg);
 
 /* ---- memfd-lease.c ---- */
 struct tshm_lease {

@@ -152,11 +152,13 @@ struct tshm_seg {
 	unsigned nlease_ends;
 	/*
 	 * Fallback: the segment's queue key, 0 for none.  The creator draws
-	 * it at random; it travels with the memfd in a queue's socket
+	 * it at random, and again when it finds itself the sole holder
+	 * (memfd_qkey_draw()); it travels with the memfd in a queue's socket
 	 * messages, so only processes that were sent the segment learn it.
 	 * A receiver that holds the segment and is sent the key it knows
 	 * need not install the message's fds (memfd-queue.c).  A holder
-	 * keeps the last key that came with the memfd.
+	 * keeps the last key that came with the memfd.  Atomic; the creator
+	 * redraws it, and a receiver compares it, under @lease_lock.
 	 */
 	_Atomic uint64_t qkey;
 

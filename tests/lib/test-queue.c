@@ -1071,6 +1071,253 @@ TEST_F(q, held_segment_needs_its_key)
 	tshm_seg_unref(held);
 }
 
+/*
+ * A process that was sent a segment and let it go keeps the key it saw:
+ * it must not make the creator, who found itself the sole holder since
+ * (and may have reused the buffer, as a pool does), take that segment in
+ * place of the fds it sends.  It did, until the creator drew a new key on
+ * finding itself the sole holder.
+ */
+static int ex_holder_child(struct tshm_queue *q, struct tshm_queue *back)
+{
+	unsigned char cbuf[CMSG_SPACE(2 * sizeof(int))];
+	struct tshm_seg *x, *y;
+	struct wire saved, w;
+	struct iovec iov = { &w, sizeof(w) };
+	struct msghdr mh = {
+		.msg_iov = &iov, .msg_iovlen = 1,
+		.msg_control = cbuf, .msg_controllen = sizeof(cbuf),
+	};
+	struct tshm_ctx *ctx;
+	unsigned n = 1;
+	int s0, s1;
+	size_t len;
+	char c;
+
+	if (queue_socket(q, &s0, &s1))
+		return 30;
+	/* Sent X: what any receiver of it sees in the header. */
+	while (recv(s1, &saved, sizeof(saved), MSG_PEEK) != sizeof(saved))
+		usleep(1000);
+	if (tshm_queue_recv(q, &c, 1, &len, &x, &n, 5000) || n != 1)
+		return 31;
+	tshm_seg_unref(x);			/* let go of it */
+	if (tshm_queue_send(back, "r", 1, NULL, 0, 5000))
+		return 32;
+	n = 0;
+	if (tshm_queue_recv(q, &c, 1, &len, NULL, &n, 5000) || c != 'g')
+		return 33;
+	/* A segment of our own, named as X in flight. */
+	if (tshm_ctx_open(&ctx, 0) ||
+	    tshm_seg_create(ctx, 4096, "mine", 0, &y))
+		return 34;
+	fill_pattern(tshm_seg_data(y), 4096, 3);
+	if (tshm_queue_send(q, "y", 1, &y, 1, 5000))
+		return 35;
+	if (recvmsg(s1, &mh, MSG_CMSG_CLOEXEC) != sizeof(w))
+		return 36;
+	w.ino[0] = saved.ino[0];
+	w.key[0] = saved.key[0];
+	w.gen[0] = saved.gen[0];
+	if (sendmsg(s0, &mh, 0) != sizeof(w))
+		return 37;
+	if (tshm_queue_send(back, "d", 1, NULL, 0, 5000))
+		return 38;
+	return 0;
+}
+
+TEST_F(q, ex_holder_cannot_name_released_segment)
+{
+	struct tshm_queue *back;
+	struct tshm_seg *x, *got;
+	unsigned n;
+	size_t len;
+	pid_t pid;
+	char c;
+
+	if (is_kmod(self->ctx))
+		SKIP(return, "the fallback's socket messages");
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, 4, 8, &back));
+	ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "x", 0, &x));
+	fill_pattern(tshm_seg_data(x), 4096, 1);
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0) {
+		tshm_seg_unref(x);	/* inherited: not ours to hold */
+		_exit(ex_holder_child(self->q, back));
+	}
+	ASSERT_EQ(0, tshm_queue_send(self->q, "x", 1, &x, 1, 5000));
+	ASSERT_EQ(0, tshm_queue_recv(back, &c, 1, &len, NULL, NULL, 5000));
+	ASSERT_EQ('r', c);
+	/* The child holds X no more: the creator may reuse it. */
+	ASSERT_EQ(0, tshm_seg_wait_released(x, 5000));
+	fill_pattern(tshm_seg_data(x), 4096, 42);
+	ASSERT_EQ(0, tshm_queue_send(self->q, "g", 1, NULL, 0, 5000));
+	ASSERT_EQ(0, tshm_queue_recv(back, &c, 1, &len, NULL, NULL, 5000));
+	ASSERT_EQ('d', c);
+	EXPECT_EQ(0, wait_ok(pid));
+	n = 1;
+	ASSERT_EQ(0, tshm_queue_recv(self->q, &c, 1, &len, &got, &n, 5000));
+	ASSERT_EQ(1, n);
+	EXPECT_EQ('y', c);
+	/* What came is the child's segment, not our released X. */
+	EXPECT_NE(x, got);
+	EXPECT_EQ(fill_sum(3), fnv1a(tshm_seg_data(got), 4096));
+	tshm_seg_unref(got);
+	tshm_seg_unref(x);
+	tshm_queue_unref(back);
+}
+
+/*
+ * Threads of one receiver taking messages of one or two of three
+ * segments, some held already, some not (the creator starts new lease
+ * generations now and then), keeping, forwarding and dropping them: every
+ * segment arrives whole, nothing leaks, and each is released at the end.
+ */
+#define RV_SEGS		3
+#define RV_MSGS		4000
+#define RV_THREADS	3
+
+struct rv_arg {
+	struct tshm_queue *q, *back;
+	uint64_t sums[RV_SEGS];
+	uint64_t ids[RV_SEGS];
+	int err;
+};
+
+static void *rv_thread(void *p)
+{
+	struct rv_arg *a = p;
+	struct tshm_seg *got[2], *keep = NULL;
+	unsigned n, i, k;
+	size_t len;
+	char c[2];
+	int ret;
+
+	for (;;) {
+		n = 2;
+		ret = tshm_queue_recv(a->q, c, 2, &len, got, &n, 10000);
+		if (ret == -EPIPE)
+			break;
+		if (ret) {
+			a->err = 100 - ret;
+			break;
+		}
+		if (c[0] == 'e' && n == 0)
+			break;
+		for (i = 0; i < n; i++) {
+			k = c[i] - '0';
+			if (tshm_seg_id(got[i]) != a->ids[k] ||
+			    fnv1a(tshm_seg_data(got[i]), 4096) != a->sums[k])
+				a->err = 50;
+		}
+		if (n == 2 && c[0] == c[1] && got[0] != got[1])
+			a->err = 51;
+		if (rand() % 4 == 0)
+			tshm_queue_send(a->back, "b", 1, got, n, 10000);
+		if (rand() % 3 == 0) {
+			tshm_seg_unref(keep);
+			keep = tshm_seg_ref(got[0]);
+		}
+		for (i = 0; i < n; i++)
+			tshm_seg_unref(got[i]);
+	}
+	tshm_seg_unref(keep);
+	return NULL;
+}
+
+static int rv_child(struct tshm_queue *q, struct tshm_queue *back,
+		    struct rv_arg *tmpl)
+{
+	pthread_t t[RV_THREADS];
+	struct rv_arg a[RV_THREADS];
+	int i, err = 0;
+
+	for (i = 0; i < RV_THREADS; i++) {
+		a[i] = *tmpl;
+		pthread_create(&t[i], NULL, rv_thread, &a[i]);
+	}
+	for (i = 0; i < RV_THREADS; i++) {
+		pthread_join(t[i], NULL);
+		if (a[i].err)
+			err = a[i].err;
+	}
+	return err;
+}
+
+static void *rv_drain(void *p)
+{
+	struct rv_arg *a = p;
+	struct tshm_seg *got[2];
+	unsigned n, i;
+	size_t len;
+	char c;
+
+	for (;;) {
+		n = 2;
+		if (tshm_queue_recv(a->back, &c, 1, &len, got, &n, 3000))
+			break;
+		for (i = 0; i < n; i++)
+			tshm_seg_unref(got[i]);
+		if (c == 'x')
+			break;
+	}
+	return NULL;
+}
+
+TEST_F_TIMEOUT(q, threads_held_and_installed, 300)
+{
+	struct tshm_queue *q, *back;
+	struct tshm_seg *s[RV_SEGS], *m[2];
+	struct rv_arg a = { 0 };
+	pthread_t drain;
+	unsigned i, k0, k1;
+	pid_t pid;
+	char c[2];
+
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, 64, 8, &q));
+	ASSERT_EQ(0, tshm_queue_create(self->ctx, 64, 8, &back));
+	for (i = 0; i < RV_SEGS; i++) {
+		ASSERT_EQ(0, tshm_seg_create(self->ctx, 4096, "rv", 0, &s[i]));
+		fill_pattern(tshm_seg_data(s[i]), 4096, 100 + i);
+		a.sums[i] = fill_sum(100 + i);
+		a.ids[i] = tshm_seg_id(s[i]);
+	}
+	a.q = q;
+	a.back = back;
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (pid == 0) {
+		for (i = 0; i < RV_SEGS; i++)
+			tshm_seg_unref(s[i]);
+		_exit(rv_child(q, back, &a));
+	}
+	pthread_create(&drain, NULL, rv_drain, &a);
+	srand(1);
+	for (i = 0; i < RV_MSGS; i++) {
+		k0 = rand() % RV_SEGS;
+		k1 = rand() % RV_SEGS;
+		c[0] = '0' + k0;
+		c[1] = '0' + k1;
+		m[0] = s[k0];
+		m[1] = s[k1];
+		ASSERT_EQ(0, tshm_queue_send(q, c, 2, m, 1 + (i & 1), 10000));
+		if (i % 7 == 0)	/* new lease generations now and then */
+			tshm_seg_wait_released(s[rand() % RV_SEGS], 0);
+	}
+	for (i = 0; i < RV_THREADS; i++)
+		ASSERT_EQ(0, tshm_queue_send(q, "e", 1, NULL, 0, 10000));
+	EXPECT_EQ(0, wait_ok(pid));
+	ASSERT_EQ(0, tshm_queue_send(back, "x", 1, NULL, 0, 10000));
+	pthread_join(drain, NULL);
+	for (i = 0; i < RV_SEGS; i++) {
+		EXPECT_EQ(0, tshm_seg_wait_released(s[i], 5000));
+		tshm_seg_unref(s[i]);
+	}
+	tshm_queue_unref(back);
+	tshm_queue_unref(q);
+}
+
 #define INFLIGHT_MSGS	200
 
 static int inflight_sender(struct tshm_queue *q, struct tshm_seg *seg)
