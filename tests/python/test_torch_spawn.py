@@ -255,6 +255,46 @@ def test_keyboard_interrupt_before_fn_is_a_failure(tmp_path, method):
                                  "terminated with "), out.stdout + out.stderr
 
 
+RAISES_AT_START = textwrap.dedent("""
+    import sys
+    import tshm.torch
+
+    if __name__ != "__main__":
+        raise RuntimeError("planted: no main module in a worker")
+
+    def fn(rank):
+        pass
+
+    if __name__ == "__main__":
+        try:
+            tshm.torch.spawn(fn, nprocs=2, start_method=sys.argv[1])
+        except Exception as e:
+            print(type(e).__name__)
+            print(e)
+        else:
+            print("no failure")
+""")
+
+
+@_HOST_ONLY
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_exception_in_start_up_comes_back_with_its_traceback(tmp_path,
+                                                              method):
+    """An exception in a worker's start-up (its main module's import)
+    comes back with its traceback, as one out of fn does, with every
+    start method.  A forkserver worker imported the main module outside
+    the part that reports, and the caller got only 'terminated with exit
+    code 1'."""
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES_AT_START)
+    out = subprocess.run([sys.executable, str(script), method],
+                         capture_output=True, text=True, timeout=300)
+    assert out.stdout.startswith("ProcessRaisedException\n"), \
+        out.stdout + out.stderr
+    assert "RuntimeError: planted: no main module in a worker" in \
+        out.stdout, out.stdout
+
+
 def _make_shared_memory(rank, q):
     from multiprocessing import shared_memory
     s = shared_memory.SharedMemory(create=True, size=16)

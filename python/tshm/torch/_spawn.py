@@ -84,8 +84,8 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
     whos = _identities(start_method, nprocs, daemon)
     if start_method == "fork":
         ctx = _start_forks(
-            lambda rank, board: _forked_worker(fn, args, board, rank,
-                                               whos[rank]),
+            lambda rank, board: _forked_worker(lambda: (fn, args), board,
+                                               rank, whos[rank]),
             nprocs, env, whos)
         return _finish(ctx, join)
     prep, calls = _payload(fn, args, nprocs)
@@ -339,10 +339,13 @@ def _run_fn(fn, rank, args):
         pass
 
 
-def _forked_worker(fn, args, bfd, rank, who):
-    """The body of a forked worker: its exit status."""
+def _forked_worker(load, bfd, rank, who):
+    """The body of a forked worker: its exit status.  load() gives fn and
+    args (a zygote's worker imports the caller's main module there): what
+    it raises comes back with its traceback, as what fn raises does."""
     code = 0
     try:
+        fn, args = load()
         _become(who)
         _sync_thread_vars()
         _apply_thread_budget()

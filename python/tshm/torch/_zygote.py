@@ -320,9 +320,12 @@ def _run(prep, call, who, environ, board, rank):
     os.environ.clear()
     os.environ.update(environ)
     os.environ.update(budget)
-    _spawn.prepare(prep, who)
-    fn, args = pickle.loads(call)
-    return _spawn._forked_worker(fn, args, board, rank, who)
+
+    def load():
+        _spawn.prepare(prep, who)
+        return pickle.loads(call)
+
+    return _spawn._forked_worker(load, board, rank, who)
 
 
 def _handle(req, sets):
