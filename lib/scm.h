@@ -39,7 +39,7 @@ ssize_t fd_recv(int sock, void *buf, size_t len, int *fds, unsigned *nfds,
  */
 int fd_reserve(int fd, unsigned n);
 
-/* Checks on received fds: 0 or -EBADMSG (or fstat's errno). */
+/* Checks on received fds: 0, -EBADMSG, or -EBADF for no open fd. */
 int fd_check_socket(int fd, int type);
 int fd_check_eventfd(int fd);
 

@@ -431,6 +431,41 @@ TEST_F(q, over_socket)
 	tshm_queue_unref(reply);
 }
 
+/*
+ * @q's descriptor with its socket ends (the two fds before the eventfd)
+ * replaced by what is no socket (the eventfd) and by a stream pair: each
+ * must be refused (-EBADMSG).
+ */
+static void import_bad_sockets(struct __test_metadata *_metadata,
+			       struct tshm_ctx *ctx, struct tshm_queue *q)
+{
+	char desc[TSHM_QUEUE_DESC_MAX], bad[TSHM_QUEUE_DESC_MAX];
+	int fds[8], n = 0, st[2], pick, i, len, head;
+	struct tshm_queue *got;
+	char *p, *end;
+
+	ASSERT_EQ(0, tshm_queue_export(q, desc, sizeof(desc)));
+	p = strrchr(desc, ':') + 1;
+	head = p - desc;
+	do {
+		fds[n++] = strtol(p, &end, 10);
+		p = end + 1;
+	} while (*end == ',' && n < 8);
+	ASSERT_LE(4, n);
+	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, st));
+	for (pick = 0; pick < 2; pick++) {
+		fds[n - 3] = pick ? st[0] : fds[n - 1];
+		fds[n - 2] = pick ? st[1] : fds[n - 1];
+		len = snprintf(bad, sizeof(bad), "%.*s", head, desc);
+		for (i = 0; i < n; i++)
+			len += snprintf(bad + len, sizeof(bad) - len, "%s%d",
+					i ? "," : "", fds[i]);
+		EXPECT_EQ(-EBADMSG, tshm_queue_import(ctx, bad, &got));
+	}
+	close(st[0]);
+	close(st[1]);
+}
+
 TEST_F(q, import_errors)
 {
 	struct tshm_queue *q;
@@ -479,6 +514,8 @@ TEST_F(q, import_errors)
 	close(fd);
 	close(sv[0]);
 	close(sv[1]);
+	/* A real ring, and socket ends that are no sockets, or streams. */
+	import_bad_sockets(_metadata, self->ctx, self->q);
 
 	/* Over a socket: junk, and a queue of the other backend. */
 	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
