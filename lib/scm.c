@@ -137,9 +137,13 @@ int fd_check_socket(int fd, int type)
 	socklen_t len = sizeof(int);
 	int t;
 
-	/* One system call: anything but a socket fails it (ENOTSOCK). */
+	/*
+	 * One system call: anything but a socket fails it (ENOTSOCK; EBADF
+	 * for an O_PATH fd, which can be passed too).  Callers check an fd
+	 * they hold, so no failure means anything but "not a socket".
+	 */
 	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &t, &len) < 0)
-		return errno == EBADF ? -EBADF : -EBADMSG;
+		return -EBADMSG;
 	if (t != type)
 		return -EBADMSG;
 	return 0;

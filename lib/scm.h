@@ -39,7 +39,7 @@ ssize_t fd_recv(int sock, void *buf, size_t len, int *fds, unsigned *nfds,
  */
 int fd_reserve(int fd, unsigned n);
 
-/* Checks on received fds: 0, -EBADMSG, or -EBADF for no open fd. */
+/* Checks on received fds (open ones): 0 or -EBADMSG. */
 int fd_check_socket(int fd, int type);
 int fd_check_eventfd(int fd);
 

@@ -433,14 +433,15 @@ TEST_F(q, over_socket)
 
 /*
  * @q's descriptor with its socket ends (the two fds before the eventfd)
- * replaced by what is no socket (the eventfd) and by a stream pair: each
- * must be refused (-EBADMSG).
+ * replaced by what is no socket (the eventfd; an O_PATH fd, which
+ * getsockopt() answers EBADF) and by a stream pair: each must be refused
+ * as a foreign fd (-EBADMSG).
  */
 static void import_bad_sockets(struct __test_metadata *_metadata,
 			       struct tshm_ctx *ctx, struct tshm_queue *q)
 {
 	char desc[TSHM_QUEUE_DESC_MAX], bad[TSHM_QUEUE_DESC_MAX];
-	int fds[8], n = 0, st[2], pick, i, len, head;
+	int fds[8], n = 0, st[2], opath, pick, i, len, head;
 	struct tshm_queue *got;
 	char *p, *end;
 
@@ -453,15 +454,18 @@ static void import_bad_sockets(struct __test_metadata *_metadata,
 	} while (*end == ',' && n < 8);
 	ASSERT_LE(4, n);
 	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, st));
-	for (pick = 0; pick < 2; pick++) {
-		fds[n - 3] = pick ? st[0] : fds[n - 1];
-		fds[n - 2] = pick ? st[1] : fds[n - 1];
+	opath = open("/dev/null", O_PATH | O_CLOEXEC);
+	ASSERT_LE(0, opath);
+	for (pick = 0; pick < 3; pick++) {
+		fds[n - 3] = pick == 2 ? st[0] : pick ? opath : fds[n - 1];
+		fds[n - 2] = pick == 2 ? st[1] : pick ? opath : fds[n - 1];
 		len = snprintf(bad, sizeof(bad), "%.*s", head, desc);
 		for (i = 0; i < n; i++)
 			len += snprintf(bad + len, sizeof(bad) - len, "%s%d",
 					i ? "," : "", fds[i]);
 		EXPECT_EQ(-EBADMSG, tshm_queue_import(ctx, bad, &got));
 	}
+	close(opath);
 	close(st[0]);
 	close(st[1]);
 }
