@@ -283,8 +283,9 @@ def _start_forks(body, nprocs, env, whos=None):
 
 def _forked(body, rank, board):
     """A forked worker: body(rank, board) (_forked_worker(), which loads
-    fn and args, then calls _become()), then what Process._bootstrap() does after its target: the worker
-    leaves with _exit(), which waits for nothing, so its finalizers run
+    fn and args, then calls _become()), then what Process._bootstrap()
+    does after its target: the worker leaves with _exit(), which waits
+    for nothing, so its finalizers run
     first (a Queue's feeder flushes what was put), then it waits for its
     non-daemon threads, as a Python process ending does.  An exception
     there (sys.exit() in a signal handler during the wait) is exit
