@@ -16,7 +16,10 @@ Rows:
   worker (time.perf_counter(), CLOCK_MONOTONIC, one clock for every
   process; the worker sends its reading back on a second queue, after
   the clock stopped), per tensor of 4 KiB, 1 MiB, 64 MiB, the same
-  tensor re-sent or a fresh one each time; each cell the median of
+  tensor re-sent or a fresh one each time, the worker dropping each
+  tensor before the next get() (and, in the "kept" rows, the same
+  tensor re-sent to a worker that holds the previous one until the next
+  get() returns, as `t = q.get()` in a loop does); each cell the median of
   ROUNDS runs taken in turn with the other columns'.  The queues are
   those each strategy's user makes: torch's (multiprocessing's, a pipe)
   for file_descriptor and file_system,
@@ -60,14 +63,15 @@ def use(strategy):
     tmp.set_sharing_strategy(strategy)
 
 
-def _echo(q, r):
+def _echo(q, r, keep):
     while True:
         t = q.get()
         got = time.perf_counter()
         if t is None:
             return
         r.put(got)
-        del t
+        if not keep:
+            del t
 
 
 def context(strategy):
@@ -79,11 +83,11 @@ def context(strategy):
     return mp.get_context("fork")
 
 
-def queue_latency(strategy, nbytes, resend, iters):
+def queue_latency(strategy, nbytes, resend, iters, keep=False):
     use(strategy)
     ctx = context(strategy)
     q, r = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=_echo, args=(q, r))
+    p = ctx.Process(target=_echo, args=(q, r, keep))
     p.start()
     numel = nbytes // 4
     same = torch.ones(numel)
@@ -164,8 +168,10 @@ def main():
     sizes = ((4096, "4 KiB", 200), (1 << 20, "1 MiB", 100),
              (64 << 20, "64 MiB", 10))
     for nbytes, name, iters in sizes if "queue" in args.rows else ():
-        for resend in (True, False):
-            label = f"queue {name} {'re-sent' if resend else 'fresh'}"
+        for resend, keep in ((True, False), (False, False), (True, True)):
+            label = f"queue {name} " + \
+                ("re-sent, kept" if keep else
+                 "re-sent" if resend else "fresh")
             # Strategies in turn, ROUNDS times, the median of each
             # one's per-round medians: a moment of noise on a shared
             # machine then weighs on no column alone.
@@ -173,7 +179,7 @@ def main():
             for _ in range(ROUNDS):
                 for s in STRATEGIES:
                     runs[s].append(queue_latency(
-                        s, nbytes, resend, max(3, int(iters * k))))
+                        s, nbytes, resend, max(3, int(iters * k)), keep))
             vals = [statistics.median(runs[s]) for s in STRATEGIES]
             rows.append((label, vals, "time"))
     loaders = ((Big(), "DataLoader (a) 16 MiB item"),
