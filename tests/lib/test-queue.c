@@ -432,6 +432,28 @@ TEST_F(q, over_socket)
 }
 
 /*
+ * @q's descriptor into @desc and its fds (up to 8: ring, transport,
+ * eventfd) into @fds: how many, or -1.
+ */
+static int queue_desc_fds(struct tshm_queue *q,
+			  char desc[TSHM_QUEUE_DESC_MAX], int *fds)
+{
+	char *p, *end;
+	int n = 0;
+
+	if (tshm_queue_export(q, desc, TSHM_QUEUE_DESC_MAX))
+		return -1;
+	p = strrchr(desc, ':');
+	if (!p)
+		return -1;
+	do {
+		fds[n++] = strtol(p + 1, &end, 10);
+		p = end;
+	} while (*end == ',' && n < 8);
+	return n;
+}
+
+/*
  * @q's descriptor with its socket ends (the two fds before the eventfd)
  * replaced by what is no socket (the eventfd; an O_PATH fd, which
  * getsockopt() answers EBADF) and by a stream pair: each must be refused
@@ -441,18 +463,12 @@ static void import_bad_sockets(struct __test_metadata *_metadata,
 			       struct tshm_ctx *ctx, struct tshm_queue *q)
 {
 	char desc[TSHM_QUEUE_DESC_MAX], bad[TSHM_QUEUE_DESC_MAX];
-	int fds[8], n = 0, st[2], opath, pick, i, len, head;
+	int fds[8], n, st[2], opath, pick, i, len, head;
 	struct tshm_queue *got;
-	char *p, *end;
 
-	ASSERT_EQ(0, tshm_queue_export(q, desc, sizeof(desc)));
-	p = strrchr(desc, ':') + 1;
-	head = p - desc;
-	do {
-		fds[n++] = strtol(p, &end, 10);
-		p = end + 1;
-	} while (*end == ',' && n < 8);
+	n = queue_desc_fds(q, desc, fds);
 	ASSERT_LE(4, n);
+	head = strrchr(desc, ':') + 1 - desc;
 	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, st));
 	opath = open("/dev/null", O_PATH | O_CLOEXEC);
 	ASSERT_LE(0, opath);
@@ -1035,17 +1051,16 @@ struct wire {
 	uint64_t key[TSHM_QUEUE_MAX_SEGS];
 };
 
-/* The queue's socket ends, from its descriptor: "...:ring,s0,s1,efd". */
+/* The queue's socket ends: the two fds before the eventfd. */
 static int queue_socket(struct tshm_queue *q, int *s0, int *s1)
 {
-	char desc[128], *p;
-	int ring, efd;
+	char desc[TSHM_QUEUE_DESC_MAX];
+	int fds[8], n = queue_desc_fds(q, desc, fds);
 
-	if (tshm_queue_export(q, desc, sizeof(desc)))
+	if (n < 4)
 		return -1;
-	p = strrchr(desc, ':');
-	if (!p || sscanf(p + 1, "%d,%d,%d,%d", &ring, s0, s1, &efd) != 4)
-		return -1;
+	*s0 = fds[n - 3];
+	*s1 = fds[n - 2];
 	return 0;
 }
 
