@@ -185,6 +185,35 @@ def test_tensor_args_go_the_tshm_way_whatever_the_callers_strategy(method):
     assert torch.multiprocessing.get_sharing_strategy() == before
 
 
+def _fail_after_a_long_failure(rank):
+    if rank == 1:
+        try:
+            raise ValueError("y" * 200_000)
+        except ValueError:
+            raise RuntimeError("the last word")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_traceback_longer_than_its_slot_keeps_its_end(method, capfd):
+    """A worker's traceback of 200 KB comes back as its start and its
+    end, which names the exception raised last.  (torch 1.13's own spawn
+    hangs on one over a pipe's 64 KiB: the worker blocks writing it to
+    an error queue that the parent reads once the worker has exited.)"""
+    with pytest.raises(ProcessRaisedException) as info:
+        tshm.torch.spawn(_fail_after_a_long_failure, nprocs=2,
+                         start_method=method)
+    msg = str(info.value)
+    assert info.value.error_index == 1
+    assert "Traceback (most recent call last)" in msg
+    assert msg.rstrip().endswith("RuntimeError: the last word")
+    assert "bytes of the traceback left out ...]" in msg
+    assert len(msg.encode()) < 64 * 1024 + 200
+    # The worker's stderr has it whole (a forkserver worker's is its
+    # zygote's, which may have been started by an earlier test).
+    if method != "forkserver":
+        assert capfd.readouterr().err.count("y" * 200_000) == 1
+
+
 def _exit_3(rank):
     if rank == 1:
         sys.exit(3)

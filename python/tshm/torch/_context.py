@@ -20,9 +20,39 @@ from multiprocessing import connection
 
 #: Bytes of a failed worker's traceback on the error board, per rank.
 SLOT = 64 * 1024
+# Of a traceback longer than that, the bytes kept from its start; the
+# rest of the slot keeps its end, which names what was raised last.
+_HEAD = 16 * 1024
+# How far a cut moves to fall between two lines.
+_LINE_SLACK = 4 * 1024
 # How often Process.join() looks at the board once the worker has exited
 # but the supervisor has not reaped it yet (a few ms at most, as a rule).
 _REAP_POLL = 0.002
+
+
+def board_entry(tb):
+    """A failed worker's traceback as it goes on the error board: UTF-8
+    and a NUL, SLOT bytes at most.  One that does not fit (a chain of
+    exceptions, a message of megabytes) keeps its first lines and its
+    last, which say what was raised in the end, and how many bytes were
+    left out between them; the worker's stderr has it whole."""
+    raw = tb.encode("utf-8", "replace")
+    if len(raw) < SLOT:
+        return raw + b"\0"
+    head = raw[:_HEAD]
+    nl = head.rfind(b"\n")
+    if nl >= _HEAD - _LINE_SLACK:
+        head = head[:nl + 1]
+    mark = b"[... %d bytes of the traceback left out ...]\n" % len(raw)
+    tail = raw[len(raw) - (SLOT - 1 - len(head) - len(mark)):]
+    nl = tail.find(b"\n", 0, _LINE_SLACK)
+    if 0 <= nl < len(tail) - 1:
+        tail = tail[nl + 1:]
+    # The count said as the bytes really left out (never more digits
+    # than the bound above made room for).
+    mark = b"[... %d bytes of the traceback left out ...]\n" % \
+        (len(raw) - len(head) - len(tail))
+    return head + mark + tail + b"\0"
 
 
 def _exceptions():

@@ -25,7 +25,8 @@ What a worker needs and says travels in two memfds the workers inherit
   module, as its spawn start method sends), and (fn, args) pickled with
   ForkingPickler once per rank, so tensors in args go the tshm way;
 * the error board: SLOT bytes per rank, where a worker that raised writes
-  its traceback before it exits with status 1.
+  its traceback (the start and the end of a longer one: board_entry())
+  before it exits with status 1.
 """
 
 import itertools
@@ -40,7 +41,7 @@ from multiprocessing import (context, process, reduction, resource_sharer,
                              resource_tracker, spawn as mp_spawn, util)
 
 from .._tshm import _Procs
-from ._context import SLOT, NoProcesses, ProcessContext
+from ._context import SLOT, NoProcesses, ProcessContext, board_entry
 from ._reductions import sending_as_tshm
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -358,8 +359,7 @@ def _forked_worker(load, bfd, rank, who):
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (e.code is not None)
     except BaseException:
-        tb = traceback.format_exc().encode("utf-8", "replace")[:SLOT - 1]
-        os.pwrite(bfd, tb + b"\0", rank * SLOT)
+        os.pwrite(bfd, board_entry(traceback.format_exc()), rank * SLOT)
         sys.stderr.write(traceback.format_exc())
         code = 1
     return code               # (_forked() flushes the streams after)
@@ -409,8 +409,7 @@ def _worker(pfd, bfd, tfd, rank, nprocs):
     except SystemExit:
         raise
     except BaseException:
-        tb = traceback.format_exc().encode("utf-8", "replace")[:SLOT - 1]
-        os.pwrite(bfd, tb + b"\0", rank * SLOT)
+        os.pwrite(bfd, board_entry(traceback.format_exc()), rank * SLOT)
         sys.stderr.write(traceback.format_exc())
         sys.exit(1)
     sys.exit(0)
