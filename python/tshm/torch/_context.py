@@ -25,6 +25,7 @@ SLOT = 64 * 1024
 _HEAD = 16 * 1024
 # How far a cut moves to fall between two lines.
 _LINE_SLACK = 4 * 1024
+_LEFT_OUT = b"[... %d bytes of the traceback left out ...]\n"
 # How often Process.join() looks at the board once the worker has exited
 # but the supervisor has not reaped it yet (a few ms at most, as a rule).
 _REAP_POLL = 0.002
@@ -43,15 +44,14 @@ def board_entry(tb):
     nl = head.rfind(b"\n")
     if nl >= _HEAD - _LINE_SLACK:
         head = head[:nl + 1]
-    mark = b"[... %d bytes of the traceback left out ...]\n" % len(raw)
-    tail = raw[len(raw) - (SLOT - 1 - len(head) - len(mark)):]
+    # Room for a mark counting every byte: as many digits as the real one
+    # needs, or more.
+    room = SLOT - 1 - len(head) - len(_LEFT_OUT % len(raw))
+    tail = raw[len(raw) - room:]
     nl = tail.find(b"\n", 0, _LINE_SLACK)
     if 0 <= nl < len(tail) - 1:
         tail = tail[nl + 1:]
-    # The count said as the bytes really left out (never more digits
-    # than the bound above made room for).
-    mark = b"[... %d bytes of the traceback left out ...]\n" % \
-        (len(raw) - len(head) - len(tail))
+    mark = _LEFT_OUT % (len(raw) - len(head) - len(tail))
     return head + mark + tail + b"\0"
 
 

@@ -341,6 +341,15 @@ def _run_fn(fn, rank, args):
         pass
 
 
+def _report_failure(bfd, rank):
+    """In a worker, in an except clause: the exception's traceback on
+    rank's slot of the error board (board_entry()) and, whole, on
+    stderr."""
+    tb = traceback.format_exc()
+    os.pwrite(bfd, board_entry(tb), rank * SLOT)
+    sys.stderr.write(tb)
+
+
 def _forked_worker(load, bfd, rank, who):
     """The body of a forked worker: its exit status.  load() gives fn and
     args (a zygote's worker imports the caller's main module there): what
@@ -359,8 +368,7 @@ def _forked_worker(load, bfd, rank, who):
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (e.code is not None)
     except BaseException:
-        os.pwrite(bfd, board_entry(traceback.format_exc()), rank * SLOT)
-        sys.stderr.write(traceback.format_exc())
+        _report_failure(bfd, rank)
         code = 1
     return code               # (_forked() flushes the streams after)
 
@@ -409,8 +417,7 @@ def _worker(pfd, bfd, tfd, rank, nprocs):
     except SystemExit:
         raise
     except BaseException:
-        os.pwrite(bfd, board_entry(traceback.format_exc()), rank * SLOT)
-        sys.stderr.write(traceback.format_exc())
+        _report_failure(bfd, rank)
         sys.exit(1)
     sys.exit(0)
 
