@@ -540,14 +540,84 @@ def test_context_queue_closed_and_negative_timeouts():
         q.put(2, True, -0.5)
     q.close()
     for call in (lambda: q.put(3), lambda: q.put_nowait(3), q.get,
-                 q.get_nowait):
+                 q.get_nowait, q.qsize, q.full):
         with pytest.raises(ValueError, match="is closed"):
             call()
+    with pytest.raises(OSError, match="closed"):    # its pipe, closed
+        q.empty()
     sq = ctx.SimpleQueue()
     sq.close()
     for call in (lambda: sq.put(1), sq.get):
         with pytest.raises(OSError, match="closed"):
             call()
+
+
+class _OwnRun:
+    """A Process subclass the usual way: run() overridden."""
+
+    def __init__(self, q, **kwargs):
+        super().__init__(**kwargs)
+        self.q = q
+
+    def run(self):
+        t = torch.full((70000,), 7.0)
+        s = torch.UntypedStorage._new_shared(4096)
+        self.q.put((tmp.get_sharing_strategy(), t,
+                    _tshm._locate_address(s.data_ptr(), 4096) is not None))
+
+
+# Module level: a spawn child unpickles the process object by its class.
+_OWN_RUN = {m: type(f"_OwnRun{m.capitalize()}", (_OwnRun, process), {})
+            for m, process in (("fork", tshm.torch.ForkProcess),
+                               ("spawn", tshm.torch.SpawnProcess),
+                               ("forkserver", tshm.torch.ForkServerProcess))}
+globals().update({cls.__name__: cls for cls in _OWN_RUN.values()})
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_process_subclass_overriding_run_has_tshm(method):
+    """tshm is installed before run(), not by it: a subclass's own run()
+    has the strategy and allocates from segments, and what it sent is
+    received after it exited."""
+    ctx = tshm.torch.get_context(method)
+    q = ctx.Queue()
+    p = _OWN_RUN[method](q)
+    p.start()
+    p.join(120)
+    assert p.exitcode == 0
+    strategy, t, in_segment = q.get(timeout=10)
+    assert strategy == "tshm" and in_segment
+    assert torch.equal(t, torch.full((70000,), 7.0))
+
+
+def _put_fresh(rank, q):
+    q.put((rank, torch.full((50000,), float(rank))))
+
+
+@pytest.mark.skipif(IN_VM, reason="torch's spawn imports torch per worker")
+def test_context_queue_in_torchs_own_spawn_outlives_its_workers():
+    """A tshm.torch queue handed to torch.multiprocessing.spawn's workers,
+    which run torch's default strategy: what they put goes as segments,
+    and is read after they exited (torch's way: an fd in a resource
+    sharer that died with them)."""
+    q = tshm.torch.get_context("spawn").Queue()
+    tmp.spawn(_put_fresh, args=(q,), nprocs=2)
+    got = dict(q.get(timeout=10) for _ in range(2))
+    assert sorted(got) == [0, 1]
+    for rank, t in got.items():
+        assert torch.equal(t, torch.full((50000,), float(rank)))
+        assert segment_of(t) is not None
+
+
+def test_context_queue_sends_as_tshm_whatever_the_strategy():
+    tshm.torch.uninstall()
+    q = tshm.torch.get_context("fork").Queue()    # installs again
+    tshm.torch.uninstall()
+    x = torch.arange(1000.)
+    q.put(x)
+    y = q.get(timeout=10)
+    assert segment_of(x) is not None and torch.equal(x, y)
+    assert untyped(y).data_ptr() == untyped(x).data_ptr()
 
 
 def _double(t):

@@ -122,9 +122,16 @@ def installed():
 # -- multiprocessing contexts whose workers have tshm installed --------------
 
 class _TshmProcess:
-    def run(self):
+    """A process that installs tshm before anything of the caller's runs.
+
+    In _bootstrap(), which every start method calls in the child, not in
+    run(): a subclass that overrides run() (the usual way to subclass
+    Process) would otherwise send tensors torch's way, through a resource
+    sharer that dies with it."""
+
+    def _bootstrap(self, *args, **kwargs):
         install()
-        return super().run()
+        return super()._bootstrap(*args, **kwargs)
 
 
 class ForkProcess(_TshmProcess, _mpc.ForkProcess):

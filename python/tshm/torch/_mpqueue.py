@@ -49,6 +49,7 @@ import multiprocessing.reduction as _mpred
 
 from .. import _queue, _reduction
 from .._tshm import QUEUE_MAX_SEGS, Segment
+from ._reductions import sending_as_tshm
 
 #: Messages a queue made with maxsize=0 holds.
 DEFAULT_CAPACITY = 1024
@@ -130,6 +131,15 @@ class ForkingQueue(_queue.Queue):
     _encoders = (_Encoder, _SlowEncoder)
 
     def put(self, obj, block=True, timeout=None):
+        # Whatever the strategy in this process (a tshm.torch queue handed
+        # to torch.multiprocessing.spawn's workers, or a process that
+        # uninstalled tshm), a CPU tensor goes as a segment: torch's way
+        # would send an fd through a resource sharer that dies with this
+        # process, leaving the message unreadable once it exits.
+        with sending_as_tshm():
+            return self._put(obj, block, timeout)
+
+    def _put(self, obj, block, timeout):
         try:
             return super().put(obj, block, timeout)
         except OSError as e:
@@ -191,7 +201,9 @@ class Queue:
         return self._live().qsize()
 
     def empty(self):
-        return self._live().empty()
+        if self._q is None:     # multiprocessing's: its pipe is closed
+            raise OSError("handle is closed")
+        return self._q.empty()
 
     def full(self):
         return self._live().full()
@@ -199,7 +211,8 @@ class Queue:
     def close(self):
         """Done with the queue in this process: lets go of this handle
         (multiprocessing's close(): the queue stays open for the others);
-        put() and get() on it raise ValueError from now on."""
+        put(), get(), qsize() and full() on it raise ValueError from
+        now on, empty() OSError as multiprocessing's does."""
         self._q = None
 
     def join_thread(self):

@@ -8,7 +8,8 @@ set_sharing_strategy() switches back and forth at any time), with two
 exceptions: a tensor or storage already in a segment goes as one
 whatever the strategy (torch's reducer would move it out of the segment,
 and this process would stop sharing it), and within sending_as_tshm()
-(tshm.torch.spawn's arguments) plain tensors go the tshm way too.
+(tshm.torch.spawn's arguments, a tshm.torch queue's messages) plain
+tensors go the tshm way too.
 
 A CPU storage travels as (segment, offset, length): the segment pickles
 the way tshm.Segment always does (tshm/_reduction.py); the receiver
@@ -19,7 +20,6 @@ as torch's own strategies move it into shared memory: the sender's tensor
 is shared from then on, and sending it again copies nothing.
 """
 
-import contextlib
 import multiprocessing.reduction
 import pickle
 import threading
@@ -43,18 +43,21 @@ def active():
 _forced = threading.local()
 
 
-@contextlib.contextmanager
-def sending_as_tshm():
+class sending_as_tshm:
     """Within it, this thread pickles CPU tensors the tshm way whatever
-    the strategy (tshm.torch.spawn's arguments); a bare storage still
-    goes torch's way (reduce_storage()); other threads are not
-    affected."""
-    outer = getattr(_forced, "on", False)
-    _forced.on = True
-    try:
-        yield
-    finally:
-        _forced.on = outer
+    the strategy (tshm.torch.spawn's arguments, a tshm.torch queue's
+    messages); a bare storage still goes torch's way (reduce_storage());
+    other threads are not affected.  A class, not a generator: a queue
+    enters it on every put()."""
+
+    __slots__ = ("_outer",)
+
+    def __enter__(self):
+        self._outer = getattr(_forced, "on", False)
+        _forced.on = True
+
+    def __exit__(self, *exc):
+        _forced.on = self._outer
 
 
 def _sending():
