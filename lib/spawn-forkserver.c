@@ -169,6 +169,7 @@ static __attribute__((noreturn)) void fs_run(const struct fs_req *req,
 	}
 	plan.threads = spec->threads;
 	plan.pin = spec->flags & TSHM_SPAWN_PIN;
+	plan.forward_sigint = spec->flags & TSHM_SPAWN_FORWARD_SIGINT;
 	plan.cpus = (const int *)((char *)spec + spec->cpus_off);
 	plan.ncpus = (int)spec->ncpus;
 	envl = calloc(spec->env_len + 1, sizeof(*envl));

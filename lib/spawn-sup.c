@@ -286,6 +286,27 @@ static void sup_signal(struct sup *s, int sig)
 	}
 }
 
+/*
+ * Pass on a SIGINT (Ctrl-C) once to each worker, as the terminal sends it
+ * once to each process of its group: by pid only to a worker that left
+ * the group.  A second one would interrupt what the first one started
+ * (a Python worker's clean-up, its exit).
+ */
+static void sup_forward(struct sup *s, int sig)
+{
+	if (s->reaped >= s->started)
+		return;
+	if (s->pgid > 0)
+		kill(-s->pgid, sig);
+	for (int i = 0; i < s->started; i++) {
+		struct spawn_rank *r = &s->b->rank[i];
+
+		if (!(r->flags & RANK_EXITED) && r->pid > 0 &&
+		    getpgid(r->pid) != s->pgid)
+			kill(r->pid, sig);
+	}
+}
+
 static void sup_terminate(struct sup *s, int why, bool now)
 {
 	if (!s->terminating) {
@@ -586,12 +607,17 @@ static void sup_signals(struct sup_plan *p)
 		for (unsigned i = 0; i < ARRAY_SIZE(ignore); i++)
 			if (ignore[i] == sig)
 				sa.sa_handler = SIG_IGN;
+		/* Blocked and read on sigfd: an ignored one is discarded. */
+		if (sig == SIGINT && p->forward_sigint)
+			sa.sa_handler = SIG_DFL;
 		sigaction(sig, &sa, NULL);
 	}
 	if (p->restore_signals)
 		sigprocmask(SIG_SETMASK, NULL, &p->saved_mask);
 	sigemptyset(&set);
 	sigaddset(&set, SIGCHLD);
+	if (p->forward_sigint)
+		sigaddset(&set, SIGINT);
 	sigprocmask(SIG_SETMASK, &set, NULL);
 	p->sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 }
@@ -758,8 +784,13 @@ void sup_main(struct sup_plan *p)
 		if (pfd[isig].revents) {
 			struct signalfd_siginfo si;
 
+			/*
+			 * A SIGINT that came while the workers were being
+			 * forked is passed on here, once they all exist.
+			 */
 			while (read(p->sigfd, &si, sizeof(si)) > 0)
-				;
+				if (si.ssi_signo == SIGINT)
+					sup_forward(&s, SIGINT);
 		}
 		sup_reap(&s);
 		if (ipid >= 0 && pfd[ipid].revents) {

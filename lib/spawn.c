@@ -344,7 +344,7 @@ TSHM_EXPORT int tshm_spawn_attr_setenv(struct tshm_spawn_attr *a,
 TSHM_EXPORT int tshm_spawn_attr_set_flags(struct tshm_spawn_attr *a,
 					  unsigned flags)
 {
-	if (!a || (flags & ~TSHM_SPAWN_PIN))
+	if (!a || (flags & ~(TSHM_SPAWN_PIN | TSHM_SPAWN_FORWARD_SIGINT)))
 		return -EINVAL;
 	a->flags = flags;
 	return 0;
@@ -1226,6 +1226,7 @@ TSHM_EXPORT int tshm_spawn(struct tshm_ctx *ctx,
 	plan.ctx_fd = ctx_fd;
 	plan.threads = threads;
 	plan.pin = a->flags & TSHM_SPAWN_PIN;
+	plan.forward_sigint = a->flags & TSHM_SPAWN_FORWARD_SIGINT;
 	plan.cpus = cpus;
 	plan.ncpus = ncpus;
 	plan.queues = (struct tshm_queue **)a->queues;

@@ -156,6 +156,7 @@ struct sup_plan {
 	int ctx_fd;		/* -1 without a context */
 	int threads;
 	bool pin;
+	bool forward_sigint;	/* SIGINT read on @sigfd, sent to the group */
 	const int *cpus;
 	int ncpus;
 	struct tshm_queue **queues;

@@ -131,6 +131,12 @@ int tshm_spawn_attr_setenv(struct tshm_spawn_attr *attr, const char *name,
 
 #define TSHM_SPAWN_PIN		(1U << 0)	/* sched_setaffinity() each
 						 * worker to its own CPUs */
+/*
+ * Pass the SIGINT the supervisor gets (Ctrl-C: it stays in the caller's
+ * process group) on to the workers' group, as if they were in the
+ * terminal's foreground group themselves.
+ */
+#define TSHM_SPAWN_FORWARD_SIGINT	(1U << 1)
 int tshm_spawn_attr_set_flags(struct tshm_spawn_attr *attr, unsigned flags);
 /* SIGTERM to SIGKILL delay when a set is terminated (0: SIGKILL at once). */
 int tshm_spawn_attr_set_grace_ms(struct tshm_spawn_attr *attr, int grace_ms);

@@ -184,6 +184,7 @@ enum behave {
 	B_RETNEG,	/* returns -EINVAL */
 	B_CLOSEALL,	/* closes every fd but 0-2, then sleeps 2 s */
 	B_SCRIBBLE,	/* overwrites the status board if mapped, returns 0 */
+	B_HANG_INT,	/* dies on SIGINT, even where the caller blocked it */
 };
 
 struct behave_arg {
@@ -297,6 +298,16 @@ static int w_behave(int rank, int nprocs, void *arg)
 	case B_HANG:
 		for (;;)
 			pause();
+	case B_HANG_INT: {
+		sigset_t set;
+
+		signal(SIGINT, SIG_DFL);
+		sigemptyset(&set);
+		sigaddset(&set, SIGINT);
+		sigprocmask(SIG_UNBLOCK, &set, NULL);
+		for (;;)
+			pause();
+	}
 	case B_SLEEP300:
 		usleep(300000);
 		return 0;
@@ -885,6 +896,70 @@ TEST_F(sp, parent_sigkill_no_orphans)
 	}
 	for (int i = 0; i < n; i++)
 		EXPECT_TRUE(pid_gone(pids[i]));
+}
+
+/*
+ * In a process group of its own, as a shell's job: Ctrl-C (SIGINT to the
+ * group) with and without TSHM_SPAWN_FORWARD_SIGINT.  The caller blocks
+ * SIGINT, which fork workers inherit: B_HANG_INT unblocks it once it
+ * dies of it, so a SIGINT passed on early still counts.  0: as expected.
+ */
+static int ctrl_c_job(const FIXTURE_VARIANT(sp) *variant, bool forward)
+{
+	struct behave_arg b = { { B_HANG_INT, B_HANG_INT } };
+	struct tshm_forkserver *fs = NULL;
+	struct tshm_spawn_attr *a;
+	struct tshm_procs *procs;
+	struct tshm_failure f;
+	sigset_t set;
+	int ret;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	if (setpgid(0, 0) || sigprocmask(SIG_BLOCK, &set, NULL))
+		return 10;
+	/* Forked by this job, so its supervisors are in the job's group. */
+	if (variant->method == TSHM_START_FORKSERVER &&
+	    tshm_forkserver_create(&fs))
+		return 11;
+	if (tshm_spawn_attr_create(&a))
+		return 12;
+	tshm_spawn_attr_set_method(a, variant->method);
+	tshm_spawn_attr_set_forkserver(a, fs);
+	tshm_spawn_attr_set_entry(a, "behave");
+	tshm_spawn_attr_set_nprocs(a, 2);
+	tshm_spawn_attr_set_grace_ms(a, 500);
+	tshm_spawn_attr_set_arg(a, &b, sizeof(b));
+	if (forward && tshm_spawn_attr_set_flags(a, TSHM_SPAWN_FORWARD_SIGINT))
+		return 13;
+	if (tshm_spawn(NULL, a, &procs))
+		return 14;
+	tshm_spawn_attr_destroy(a);
+	kill(0, SIGINT);
+	ret = tshm_procs_join(procs, forward ? 20000 : 1000, &f);
+	tshm_procs_destroy(procs);
+	if (fs)
+		tshm_forkserver_destroy(fs);
+	if (forward)
+		return ret == -ECANCELED && f.signo == SIGINT ? 0 : 20;
+	return ret == -ETIMEDOUT ? 0 : 21;
+}
+
+TEST_F(sp, ctrl_c_reaches_workers_only_when_forwarded)
+{
+	for (int forward = 0; forward < 2; forward++) {
+		pid_t job = fork();
+		int status;
+
+		ASSERT_LE(0, job);
+		if (job == 0)
+			_exit(ctrl_c_job(variant, forward));
+		ASSERT_EQ(job, waitpid(job, &status, 0));
+		EXPECT_TRUE(WIFEXITED(status));
+		EXPECT_EQ(0, WEXITSTATUS(status)) {
+			TH_LOG("forward %d: status %#x", forward, status);
+		}
+	}
 }
 
 static void *spawn_thread(void *data)
