@@ -199,18 +199,19 @@ static int set_envs(struct tshm_spawn_attr *attr, PyObject *env)
 static PyObject *procs_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "argv", "nprocs", "threads", "env",
-				  "grace_ms", "target", NULL };
+				  "grace_ms", "target", "forward_sigint", NULL };
 	PyObject *argv, *env = Py_None, *target = Py_None;
 	int nprocs, threads = 0, grace_ms = TSHM_SPAWN_GRACE_MS, ret;
+	int forward_sigint = 0;
 	struct tshm_spawn_attr *attr = NULL;
 	struct tshm_procs *procs = NULL;
 	TshmProcs *self;
 	size_t len = 0;
 	char *blob;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|iOiO", kwlist, &argv,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|iOiOp", kwlist, &argv,
 					 &nprocs, &threads, &env, &grace_ms,
-					 &target))
+					 &target, &forward_sigint))
 		return NULL;
 	if (target != Py_None) {
 		if (argv != Py_None || !PyCallable_Check(target)) {
@@ -242,6 +243,9 @@ static PyObject *procs_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 		ret = tshm_spawn_attr_set_threads(attr, threads);
 	if (!ret)
 		ret = tshm_spawn_attr_set_grace_ms(attr, grace_ms);
+	if (!ret && forward_sigint)
+		ret = tshm_spawn_attr_set_flags(attr,
+						TSHM_SPAWN_FORWARD_SIGINT);
 	if (ret < 0) {
 		pytshm_raise(ret, "tshm_spawn_attr");
 		goto out;
@@ -510,7 +514,8 @@ PyTypeObject TshmProcs_Type = {
 	.tp_name = "tshm._tshm._Procs",
 	.tp_basicsize = sizeof(TshmProcs),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "_Procs(argv, nprocs, threads=0, env=None, grace_ms=3000)\n\n"
+	.tp_doc = "_Procs(argv, nprocs, threads=0, env=None, grace_ms=3000,\n"
+		  "       target=None, forward_sigint=False)\n\n"
 		  "nprocs workers that exec argv + [rank, nprocs], supervised by\n"
 		  "libtshm: they die with this process, join() reports the first\n"
 		  "failure and terminates the rest.  Private: tshm.torch.spawn().",

@@ -284,6 +284,63 @@ def test_keyboard_interrupt_before_fn_is_a_failure(tmp_path, method):
                                  "terminated with "), out.stdout + out.stderr
 
 
+CTRL_C = textwrap.dedent("""
+    import sys, time
+    import tshm.torch
+
+    def work(rank, path):
+        try:
+            print("started", flush=True)
+            time.sleep(600)
+        finally:
+            open(f"{path}.{rank}", "w").write("finally ran")
+
+    if __name__ == "__main__":
+        method, path = sys.argv[1:]
+        ctx = tshm.torch.spawn(work, args=(path,), nprocs=2, join=False,
+                               start_method=method)
+        print("pids", *ctx.pids(), flush=True)
+        try:
+            tshm.torch.spawn(work, args=(path + ".joined",), nprocs=1,
+                             start_method=method)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        print(ctx.join(60), [p.exitcode for p in ctx.processes], flush=True)
+""")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_ctrl_c_reaches_the_workers(tmp_path, method):
+    """Ctrl-C (SIGINT to the program's process group) reaches the workers
+    as torch's, though they run in a group of their own: their finally
+    runs, KeyboardInterrupt out of fn is a clean exit, and the caller's
+    join() is interrupted; with join=False as with join=True."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C)
+    done = tmp_path / "done"
+    p = subprocess.Popen([sys.executable, str(script), method, str(done)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    pids, started = [], 0
+    try:
+        while started < 3:
+            line = p.stdout.readline()
+            assert line, p.stderr.read()
+            if line.startswith("pids "):
+                pids = [int(x) for x in line.split()[1:]]
+            started += line == "started\n"
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert out.splitlines() == ["interrupted", "True [0, 0]"], out + err
+    assert sorted(f.name for f in tmp_path.glob("done*")) == \
+        ["done.0", "done.1", "done.joined.0"]
+    assert len(pids) == 2 and not any(alive(pid) for pid in pids)
+
+
 RAISES_AT_START = textwrap.dedent("""
     import sys
     import tshm.torch

@@ -10,7 +10,9 @@ import gc
 import os
 import resource
 import signal
+import subprocess
 import sys
+import textwrap
 import time
 from multiprocessing import connection
 
@@ -149,16 +151,69 @@ def test_kill_reaches_the_worker_and_join_accepts_grace_period(method):
     assert [p.exitcode for p in procs] == [-signal.SIGKILL, -signal.SIGTERM]
 
 
-def test_dropping_the_context_terminates_and_processes_keep_codes():
-    ctx = tshm.torch.spawn(_sleeps, nprocs=2, join=False,
-                           start_method="fork")
+def _waits_for_word(rank, q, w, r):
+    q.put(rank)
+    r.put(rank + w.get(timeout=120))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_dropping_the_context_leaves_its_workers_running(method):
+    """As torch's (multiprocessing's Process objects): the workers of a
+    dropped context run on, and their processes keep saying how they
+    ended."""
+    q, w, r = tshm.Queue(), tshm.Queue(), tshm.Queue()
+    ctx = tshm.torch.spawn(_waits_for_word, args=(q, w, r), nprocs=2,
+                           join=False, start_method=method)
     procs = ctx.processes
-    pids = ctx.pids()
+    assert _started(q, 2) == [0, 1]
     del ctx
     gc.collect()
-    _wait_for(lambda: all(p.exitcode is not None for p in procs))
-    assert [p.exitcode for p in procs] == [-signal.SIGTERM] * 2
-    for pid in pids:
+    assert [p.exitcode for p in procs] == [None, None]
+    w.put(10)
+    w.put(10)
+    assert sorted(r.get(timeout=120) for _ in range(2)) == [10, 11]
+    _wait_for(lambda: all(p.exitcode is not None for p in procs), 120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    tshm.torch.spawn(_ends, args=(0,), nprocs=1, start_method="fork")
+    assert not tshm.torch._context._orphans   # closed by the next spawn
+
+
+AT_EXIT = textwrap.dedent("""
+    import sys, time
+    import tshm.torch
+
+    def work(rank, path):
+        time.sleep(1)
+        open(f"{path}.{rank}", "w").write(str(rank))
+
+    if __name__ == "__main__":
+        method, daemon, keep, path = sys.argv[1:]
+        ctx = tshm.torch.spawn(work, args=(path,), nprocs=2, join=False,
+                               daemon=daemon == "1", start_method=method)
+        print(*ctx.pids(), flush=True)
+        if keep == "0":
+            del ctx
+""")
+
+
+@pytest.mark.parametrize("daemon", [0, 1], ids=["non-daemonic", "daemonic"])
+@pytest.mark.parametrize("keep", [1, 0], ids=["held", "dropped"])
+@pytest.mark.parametrize("method", METHODS)
+def test_the_main_program_ending_waits_for_workers(tmp_path, method, keep,
+                                                    daemon):
+    """As multiprocessing does for torch's workers at exit: a program that
+    ends with workers running waits for them, or terminates them if they
+    are daemonic, whether it still holds the context or not."""
+    script = tmp_path / "main.py"
+    script.write_text(AT_EXIT)
+    out = tmp_path / "done"
+    r = subprocess.run([sys.executable, str(script), method, str(daemon),
+                        str(keep), str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    done = sorted(p.name for p in tmp_path.glob("done.*"))
+    assert done == ([] if daemon else ["done.0", "done.1"]), r.stderr
+    for pid in map(int, r.stdout.split()):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 

@@ -8,8 +8,14 @@ the forkserver zygote's, started them), so the Process-like objects in
 (``_Procs.status()``) and wait for it with a pidfd, which works for any
 process: the same fd is its ``sentinel``, readable once it exited, as
 multiprocessing's are.
+
+A context dropped while its workers run leaves them running, as torch's
+(multiprocessing's Process objects) do, and this process waits for
+them when it ends, as multiprocessing waits for its non-daemonic
+children; daemonic ones are terminated then (_at_exit()).
 """
 
+import atexit
 import errno
 import os
 import signal
@@ -124,6 +130,7 @@ class WorkerProcess:
         # Weak: dropping the context frees the set, as before it had
         # processes; it leaves each its exit code first (_final).
         self._ctx = weakref.ref(ctx)
+        self._orphan = None       # the context, once dropped running
         self._final = None
         self._rank = rank
         self.pid = self.ident = pid
@@ -151,7 +158,7 @@ class WorkerProcess:
     def exitcode(self):
         """None while it runs, else its exit status, or -N if signal N
         killed it (a worker whose supervisor died: -SIGKILL)."""
-        ctx = self._ctx()
+        ctx = self._ctx() or self._orphan
         if ctx is None or self._final is not None:
             return self._final
         return ctx._status(self._rank)
@@ -250,11 +257,63 @@ class WorkerProcess:
             pass
 
 
+# Contexts dropped while their workers ran, kept until the workers end
+# (_reap_orphans()) or this process does (_at_exit()); and every context
+# not closed yet, which _at_exit() also waits for.
+_orphans = set()
+_live = weakref.WeakSet()
+_registry = threading.Lock()
+
+
+def _reap_orphans():
+    """Close the dropped contexts whose workers all ended."""
+    with _registry:
+        ended = [ctx for ctx in _orphans if not ctx._running()]
+        _orphans.difference_update(ended)
+    for ctx in ended:
+        ctx._close()
+
+
+def _at_exit():
+    """As multiprocessing's exit handler does for its children: terminate
+    the daemonic workers of every context still open (dropped or not),
+    then wait for the others.  A KeyboardInterrupt in the wait (a second
+    Ctrl-C) terminates what is left instead."""
+    with _registry:
+        ctxs = set(_live) | _orphans
+        _orphans.clear()
+    try:
+        for ctx in ctxs:
+            if ctx._daemon:
+                ctx._close()
+        for ctx in ctxs:
+            try:
+                while not ctx.join():
+                    pass
+            except Exception:     # the worker said why on its stderr
+                pass
+    finally:
+        for ctx in ctxs:
+            ctx._close()
+
+
+def _after_fork_in_child():
+    # The parent's contexts are not this process's to wait for.
+    global _orphans, _live, _registry
+    _orphans, _live, _registry = set(), weakref.WeakSet(), threading.Lock()
+
+
+atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class ProcessContext:
     """What spawn(join=False) returns, as torch's ProcessContext: join(),
-    pids(), and processes and sentinels."""
+    pids(), and processes and sentinels.  Dropping it leaves running
+    workers running (see the top of this file)."""
 
     def __init__(self, procs, board, nprocs, whos=None):
+        _reap_orphans()
         self._procs = procs
         self._board = board
         self.nprocs = nprocs
@@ -270,6 +329,8 @@ class ProcessContext:
         self._final = None        # every rank's exit code, once closed
         self._processes = None
         self._sentinels = None
+        self._daemon = bool(whos and whos[0][3])
+        _live.add(self)
 
     def pids(self):
         return list(self._pids)
@@ -404,10 +465,29 @@ class ProcessContext:
                 os.close(self._board)
             for rank, p in enumerate(self._processes or ()):
                 p._final = self._final[rank]
+                p._orphan = None
             self._forget_sentinels(lambda rank: True)
 
-    def __del__(self):
+    def _running(self):
+        """Whether a worker may still run (False once closed)."""
+        if self._done:
+            return False
         try:
+            return None in self._statuses()
+        except Exception:         # a lost zygote: its workers are gone
+            return False
+
+    def __del__(self):
+        # Not closed: as torch's workers, these keep running; this context
+        # comes back to life in _orphans until they end.  (Called once:
+        # the interpreter does not finalize a resurrected object again.)
+        try:
+            if self._running():
+                for p in self._processes or ():
+                    p._orphan = self      # a collected cycle cleared p._ctx
+                with _registry:
+                    _orphans.add(self)
+                return
             self._close()
         except Exception:
             pass

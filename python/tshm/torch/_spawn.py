@@ -106,7 +106,8 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
             os.set_inheritable(bfd, True)
             tfd = tracker_fd()
             procs = _Procs(_interpreter(_WORKER) +
-                           [str(pfd), str(bfd), str(tfd)], nprocs, env=env)
+                           [str(pfd), str(bfd), str(tfd)], nprocs, env=env,
+                           forward_sigint=True)
         finally:
             os.close(bfd)
             if tfd >= 0:
@@ -275,7 +276,8 @@ def _start_forks(body, nprocs, env, whos=None):
     try:
         os.ftruncate(board, nprocs * SLOT)
         procs = _Procs(None, nprocs, env=env,
-                       target=lambda rank, n: _forked(body, rank, board))
+                       target=lambda rank, n: _forked(body, rank, board),
+                       forward_sigint=True)
     except BaseException:
         os.close(board)
         raise

@@ -73,7 +73,11 @@ JOIN_SLICE = 0.2
 STDERR_SHOWN = 16 * 1024
 # The zygote's stderr goes to a memfd until it is up: if it cannot come
 # up (tshm or torch not importable), that is what the caller shows.
-_SERVE = ("import os, sys; err = os.dup(2); os.dup2(int(sys.argv[2]), 2); "
+# SIGINT ignored first: its supervisor passes Ctrl-C on to its group,
+# for the workers' supervisors in it, and the import of torch is long.
+_SERVE = ("import os, signal, sys; "
+          "signal.signal(signal.SIGINT, signal.SIG_IGN); "
+          "err = os.dup(2); os.dup2(int(sys.argv[2]), 2); "
           "from tshm.torch._zygote import _serve; "
           "_serve(int(sys.argv[1]), int(sys.argv[2]), err, int(sys.argv[3]))")
 
@@ -88,6 +92,20 @@ class _Life:
 
     def __init__(self):
         self.ended = None     # how it ended, as _Procs.join() says
+        # Replies to requests interrupted before a byte of their reply
+        # was read (Ctrl-C in a join): read before the next request's.
+        self.unread = 0
+
+
+def _recv_whole(conn):
+    """One reply, read with SIGINT held off in this thread: a Ctrl-C
+    between two reads of it would leave the rest to be taken for the
+    next reply.  (Its data is in: the delay is a copy's.)"""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return conn.recv()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _after_fork_in_child():
@@ -119,7 +137,7 @@ def _start():
             os.set_inheritable(log_child, True)
             procs = _Procs(_spawn._interpreter(_SERVE) +
                            [str(theirs.fileno()), str(log_child), str(tfd)],
-                           1)
+                           1, forward_sigint=True)
         finally:
             os.close(log_child)
             if tfd >= 0:
@@ -184,6 +202,7 @@ def _request(request, retry=False, life=None):
     # Pickled first: a request that cannot be pickled is the caller's
     # error, and leaves the connection as it was.
     buf = reduction.ForkingPickler.dumps(request)
+    interrupted = None
     with _lock:
         for attempt in (0, 1):
             # (A fork that ran no at-fork handlers: not this one's.)
@@ -195,10 +214,24 @@ def _request(request, retry=False, life=None):
                 raise ZygoteLost(*(life.ended or (0, 0, -1, 0, "", "")))
             if _zygote is None:
                 _zygote = (os.getpid(), *_start(), _Life())
+            conn, answered = _zygote[2], _zygote[3]
             try:
-                _zygote[2].send_bytes(buf)
-                status, value = _zygote[2].recv()
-                answered = _zygote[3]
+                while answered.unread:
+                    _recv_whole(conn)
+                    answered.unread -= 1
+                conn.send_bytes(buf)
+                answered.unread += 1
+                try:
+                    connection.wait([conn])
+                except BaseException as e:
+                    if request[0] != "join":
+                        raise       # a set started unseen: lost below
+                    # Nothing of the reply read: the next request reads
+                    # it first, and the zygote and its sets live on.
+                    interrupted = e
+                    break
+                status, value = _recv_whole(conn)
+                answered.unread -= 1
                 break
             except (OSError, EOFError):
                 res = _forget()
@@ -206,12 +239,14 @@ def _request(request, retry=False, life=None):
                     raise ZygoteLost(*(res or (0, 0, -1, 0, "", ""))) \
                         from None
             except BaseException:
-                # Between a request and its reply (Ctrl-C in a join):
-                # the reply, or the rest of a message half sent or half
-                # read, would be taken for the next request's.  The
-                # connection is lost, and the zygote with it.
+                # In the middle of a message (a signal handler that
+                # raised while one was half sent or half read): its rest
+                # would be taken for the next one's.  The connection is
+                # lost, and the zygote with it.
                 _forget()
                 raise
+    if interrupted is not None:
+        raise interrupted
     if status != "ok":
         raise RuntimeError(f"tshm.torch.spawn: the forkserver zygote "
                            f"failed a request: {value}")
