@@ -95,7 +95,8 @@ def test_a_worker_killed_by_a_signal_is_process_exited(method):
 def _report(rank, q, x):
     x.add_(rank)                                   # shared with the caller
     q.put((rank, torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"),
-           torch.multiprocessing.get_sharing_strategy()))
+           torch.multiprocessing.get_sharing_strategy(),
+           os.environ.get("MKL_NUM_THREADS")))
 
 
 def _reports(nprocs, x, method):
@@ -116,14 +117,16 @@ def test_thread_budget_and_tensor_args(method):
         x = torch.zeros(4).share_memory_()
         got = _reports(2, x, method)
         budget = max(1, usable // 2)
-        assert got == [(r, budget, str(budget), "tshm") for r in range(2)]
+        assert got == [(r, budget, str(budget), "tshm", str(budget))
+                       for r in range(2)]
         assert torch.equal(x, torch.full((4,), 1.0))   # 0 + 1
         os.environ["OMP_NUM_THREADS"] = "3"            # the caller's wins
         try:
             got = _reports(2, torch.zeros(1), method)
         finally:
             del os.environ["OMP_NUM_THREADS"]
-        assert [g[1:3] for g in got] == [(3, "3")] * 2
+        # and the other variables stay as the caller has them: unset
+        assert [g[1:] for g in got] == [(3, "3", "tshm", None)] * 2
         assert torch.get_num_threads() == threads   # the caller's own
     finally:
         tshm.torch.uninstall()
@@ -226,6 +229,35 @@ def test_exit_status_in_torchs_words(method):
     err = info.value
     assert (err.error_index, err.exit_code, err.signal_name) == (1, 3, None)
     assert str(err) == "process 1 terminated with exit code 3"
+
+
+class _NotAnException(BaseException):
+    pass
+
+
+def _exit_with_words(rank, how):
+    if rank == 1 and how == "message":
+        sys.exit("rank 1 gives up")
+    if rank == 1:
+        raise _NotAnException("not an Exception")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_exit_with_a_message_and_a_base_exception(method, capfd):
+    """As Python, and torch's workers: sys.exit("why") prints why and is
+    exit status 1; so is a BaseException that is not an Exception
+    (torch's workers pass on Exceptions only)."""
+    for how in ("message", "base exception"):
+        with pytest.raises(ProcessExitedException) as info:
+            tshm.torch.spawn(_exit_with_words, args=(how,), nprocs=2,
+                             start_method=method)
+        err = info.value
+        assert (err.error_index, err.exit_code) == (1, 1)
+    # A forkserver worker's stderr is its zygote's (an earlier test's).
+    if method != "forkserver":
+        err = capfd.readouterr().err
+        assert "rank 1 gives up\n" in err
+        assert "_NotAnException: not an Exception" in err
 
 
 def test_bad_arguments_and_no_workers():

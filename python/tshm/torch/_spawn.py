@@ -80,8 +80,12 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False,
         # raises it from a daemonic process, a daemonic worker included.
         raise AssertionError("daemonic processes are not allowed to have "
                              "children")
-    # The caller's own thread settings win over the budget.
-    env = {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}
+    # The caller's own thread settings win over the budget: all of it.
+    # One set alone (OMP_NUM_THREADS) leaves the others unset, as the
+    # caller has them (MKL follows OMP_NUM_THREADS then), not budgeted.
+    env = {}
+    if any(k in os.environ for k in _THREAD_VARS):
+        env = {k: os.environ.get(k) for k in _THREAD_VARS}
     whos = _identities(start_method, nprocs, daemon)
     if start_method == "fork":
         ctx = _start_forks(
@@ -343,6 +347,17 @@ def _run_fn(fn, rank, args):
         pass
 
 
+def _exit_status(e):
+    """The exit status of a SystemExit, as the interpreter makes it:
+    sys.exit("why") prints why on stderr and is status 1."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    sys.stderr.write(f"{e.code}\n")
+    return 1
+
+
 def _report_failure(bfd, rank):
     """In a worker, in an except clause: the exception's traceback on
     rank's slot of the error board (board_entry()) and, whole, on
@@ -368,9 +383,14 @@ def _forked_worker(load, bfd, rank, who):
     except KeyboardInterrupt:
         code = 1
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (e.code is not None)
-    except BaseException:
+        code = _exit_status(e)
+    except Exception:
         _report_failure(bfd, rank)
+        code = 1
+    except BaseException:
+        # Not an Exception (GeneratorExit, a class of the caller's): as a
+        # Python program, and torch's workers, end on it (exit status 1).
+        traceback.print_exc()
         code = 1
     return code               # (_forked() flushes the streams after)
 
@@ -414,12 +434,10 @@ def _worker(pfd, bfd, tfd, rank, nprocs):
         fn, args = pickle.loads(calls[rank])
         del calls
         _run_fn(fn, rank, args)
-    except KeyboardInterrupt:
-        raise                 # killed by SIGINT, as Python says it
-    except SystemExit:
-        raise
-    except BaseException:
+    except Exception:
         _report_failure(bfd, rank)
         sys.exit(1)
+    # Anything else (KeyboardInterrupt: killed by SIGINT; SystemExit; a
+    # BaseException of the caller's: status 1) ends it as Python does.
     sys.exit(0)
 

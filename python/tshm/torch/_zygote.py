@@ -38,11 +38,16 @@ What can go wrong, and what happens then:
   _Life): a new zygote never answers for it (it would not know the set,
   and "unknown" must not read as "exited 0"), and joining or closing a
   lost set starts no zygote.  It ignores SIGINT
-  (its workers do not): a kill -INT to every process does not take the
-  forkserver down;
-* an exception between a request and its reply (Ctrl-C in a join): the
-  reply would be taken for the next request's, so the connection is
-  lost and the zygote let go, with its running sets, as if it had died;
+  (its workers do not): a kill -INT to every process, or Ctrl-C, which
+  its supervisor passes on to its group for the workers' supervisors in
+  it, does not take the forkserver down;
+* an exception while a join waits for its reply (Ctrl-C): the reply is
+  read before the next request's (_Life.unread), and the zygote and its
+  sets live on;
+* an exception between any other request and its reply, or in the
+  middle of a message: the reply, or the rest of the message, would be
+  taken for the next request's, so the connection is lost and the
+  zygote let go, with its running sets, as if it had died;
 * this process forks (another thread may be talking to the zygote,
   holding the lock): the child forgets the zygote and the lock, and
   starts its own zygote on first use;
