@@ -749,11 +749,12 @@ def test_fork_from_threads_at_once():
 
 
 PARENT = textwrap.dedent("""
-    import os, sys, time, tshm.torch
+    import os, subprocess, sys, time, tshm.torch
     def sleeper(rank):
+        child = subprocess.Popen(["sleep", "600"])     # the worker's own
         # One write: three workers print at once, and under
         # PYTHONUNBUFFERED print() writes its pieces one by one.
-        os.write(1, f"worker {os.getpid()}\\n".encode())
+        os.write(1, f"worker {os.getpid()} {child.pid}\\n".encode())
         time.sleep(600)
     if __name__ == "__main__":
         tshm.torch.spawn(sleeper, nprocs=3, start_method=sys.argv[1])
@@ -762,6 +763,9 @@ PARENT = textwrap.dedent("""
 
 @pytest.mark.parametrize("method", METHODS)
 def test_workers_never_outlive_a_sigkilled_parent(tmp_path, method):
+    """Nor do their own children: with "forkserver" too, where the
+    workers' supervisor is a fork of the zygote, which dies with the
+    parent."""
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     p = subprocess.Popen([sys.executable, str(script), method],
@@ -769,7 +773,7 @@ def test_workers_never_outlive_a_sigkilled_parent(tmp_path, method):
     pids, seen = [], b""
     try:
         deadline = time.monotonic() + 300
-        while len(pids) < 3 and time.monotonic() < deadline:
+        while len(pids) < 6 and time.monotonic() < deadline:
             # Never block past the deadline on a worker that says nothing;
             # read what is there, not a line: select() does not see the
             # lines a buffered readline() already took in.
@@ -780,10 +784,11 @@ def test_workers_never_outlive_a_sigkilled_parent(tmp_path, method):
             if not chunk:
                 break
             seen += chunk
-            pids = [int(line.split()[1])       # whole lines only
+            pids = [int(pid)                   # whole lines only
                     for line in seen.split(b"\n")[:-1]
-                    if line.startswith(b"worker ")]
-        assert len(pids) == 3, (pids, seen)
+                    if line.startswith(b"worker ")
+                    for pid in line.split()[1:]]
+        assert len(pids) == 6, (pids, seen)
         os.kill(p.pid, signal.SIGKILL)
         p.wait(30)
         deadline = time.monotonic() + 30

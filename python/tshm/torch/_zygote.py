@@ -84,7 +84,8 @@ _SERVE = ("import os, signal, sys; "
           "signal.signal(signal.SIGINT, signal.SIG_IGN); "
           "err = os.dup(2); os.dup2(int(sys.argv[2]), 2); "
           "from tshm.torch._zygote import _serve; "
-          "_serve(int(sys.argv[1]), int(sys.argv[2]), err, int(sys.argv[3]))")
+          "_serve(int(sys.argv[1]), int(sys.argv[2]), err, int(sys.argv[3]), "
+          "int(sys.argv[4]))")
 
 _lock = threading.Lock()
 # (pid of its starter, _Procs, Connection, _Life): the zygote now.
@@ -141,7 +142,8 @@ def _start():
             tfd = _spawn.tracker_fd()
             os.set_inheritable(log_child, True)
             procs = _Procs(_spawn._interpreter(_SERVE) +
-                           [str(theirs.fileno()), str(log_child), str(tfd)],
+                           [str(theirs.fileno()), str(log_child), str(tfd),
+                            str(os.getpgrp())],
                            1, forward_sigint=True)
         finally:
             os.close(log_child)
@@ -396,11 +398,22 @@ def _handle(req, sets):
     raise ValueError(f"unknown request {req[0]!r}")
 
 
-def _serve(fd, log, stderr, tracker):
+def _serve(fd, log, stderr, tracker, pgid):
     """The zygote: fd its connection, log the memfd its stderr goes to
     until it is up, stderr its own stderr, tracker the caller's
-    multiprocessing resource tracker (its workers use it)."""
+    multiprocessing resource tracker (its workers use it), pgid the
+    caller's process group."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Into the caller's process group, out of the one libtshm made for it
+    # (a one-process set's): the supervisors it forks for its sets are
+    # in its group, and the zygote's supervisor, when the caller dies,
+    # SIGKILLs its set's group.  Out of it, they outlive the zygote by a
+    # moment, see it die, and kill their workers' groups, the workers'
+    # own children included; and Ctrl-C reaches them from the terminal.
+    try:
+        os.setpgid(0, pgid)
+    except OSError:           # another session: the caller left it
+        pass
     _spawn.use_tracker(tracker)
     import torch  # noqa: F401  (what the workers start with)
     from . import install
