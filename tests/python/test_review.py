@@ -248,9 +248,23 @@ def test_interrupted_get_loses_no_message():
 
     armed = [False]
 
-    def raiser(*_):
-        # One exception per arming, only around get(): like one Ctrl-C.
-        if armed[0]:
+    get_code = tshm.Queue.get.__code__
+
+    def in_get_before_its_result(frame):
+        """Whether the handler interrupts a get() that has no result yet:
+        in recv(), or decoding.  Once get() has its object, an exception
+        loses it as it loses any function's result (in this loop, raised
+        between get()'s return and the assignment): not the queue's."""
+        f = frame
+        while f is not None:
+            if f.f_code is get_code:
+                return f is not frame or "obj" not in f.f_locals
+            f = f.f_back
+        return False
+
+    def raiser(signo, frame):
+        # One exception per arming, only within get(): like one Ctrl-C.
+        if armed[0] and in_get_before_its_result(frame):
             armed[0] = False
             raise Interrupt()
 

@@ -560,6 +560,7 @@ class _OwnRun:
         self.q = q
 
     def run(self):
+        _one_thread()
         t = torch.full((70000,), 7.0)
         s = torch.UntypedStorage._new_shared(4096)
         self.q.put((tmp.get_sharing_strategy(), t,
@@ -584,6 +585,8 @@ def test_process_subclass_overriding_run_has_tshm(method):
     p = _OWN_RUN[method](q)
     p.start()
     p.join(120)
+    if p.exitcode is None:        # or this process's exit would wait
+        p.kill()
     assert p.exitcode == 0
     strategy, t, in_segment = q.get(timeout=10)
     assert strategy == "tshm" and in_segment

@@ -317,12 +317,14 @@ def test_keyboard_interrupt_before_fn_is_a_failure(tmp_path, method):
 
 
 CTRL_C = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     import tshm.torch
 
     def work(rank, path):
         try:
-            print("started", flush=True)
+            # One write: under PYTHONUNBUFFERED print() writes "started"
+            # and its newline apart, and two workers' would interleave.
+            os.write(1, b"started\\n")
             time.sleep(600)
         finally:
             open(f"{path}.{rank}", "w").write("finally ran")
@@ -331,7 +333,7 @@ CTRL_C = textwrap.dedent("""
         method, path = sys.argv[1:]
         ctx = tshm.torch.spawn(work, args=(path,), nprocs=2, join=False,
                                start_method=method)
-        print("pids", *ctx.pids(), flush=True)
+        os.write(1, f"pids {ctx.pids()[0]} {ctx.pids()[1]}\\n".encode())
         try:
             tshm.torch.spawn(work, args=(path + ".joined",), nprocs=1,
                              start_method=method)
@@ -353,21 +355,28 @@ def test_ctrl_c_reaches_the_workers(tmp_path, method):
     p = subprocess.Popen([sys.executable, str(script), method, str(done)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
-    pids, started = [], 0
+    seen, lines = b"", []
     try:
-        while started < 3:
-            line = p.stdout.readline()
-            assert line, p.stderr.read()
-            if line.startswith("pids "):
-                pids = [int(x) for x in line.split()[1:]]
-            started += line == "started\n"
+        deadline = time.monotonic() + 300
+        while lines.count(b"started") < 3:
+            # Never past the deadline on a worker that says nothing.
+            left = deadline - time.monotonic()
+            assert left > 0 and select.select([p.stdout], [], [], left)[0], \
+                seen
+            chunk = os.read(p.stdout.fileno(), 4096)
+            assert chunk, (seen, p.stderr.read())
+            seen += chunk
+            lines = seen.split(b"\n")[:-1]
         os.killpg(p.pid, signal.SIGINT)
         out, err = p.communicate(timeout=120)
+        out = seen.decode() + out
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-    assert out.splitlines() == ["interrupted", "True [0, 0]"], out + err
+    said = [x for x in out.splitlines() if x != "started"]
+    assert said[1:] == ["interrupted", "True [0, 0]"], out + err
+    pids = [int(x) for x in said[0].split()[1:]]
     assert sorted(f.name for f in tmp_path.glob("done*")) == \
         ["done.0", "done.1", "done.joined.0"]
     assert len(pids) == 2 and not any(alive(pid) for pid in pids)

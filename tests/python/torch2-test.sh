@@ -1,5 +1,6 @@
 #!/bin/bash
 # SPDX-License-Identifier: GPL-2.0
+# run-tests: timeout=1800
 #
 # The Python package's pytest suites once more, under the other generation
 # of torch and Python: Debian trixie's python3-torch (2.x) on Python 3.13
@@ -9,7 +10,6 @@
 #
 # In a mount namespace of its own, so that its mounts (proc, sys, dev, a
 # tmpfs on the root's /tmp) go with it, however it ends.
-# run-tests: timeout=1800
 set -uo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 
