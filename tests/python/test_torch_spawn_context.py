@@ -196,6 +196,8 @@ AT_EXIT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.skipif(IN_VM, reason="host only: each case a program of its "
+                    "own importing torch (30 s in the VM); no module part")
 @pytest.mark.parametrize("daemon", [0, 1], ids=["non-daemonic", "daemonic"])
 @pytest.mark.parametrize("keep", [1, 0], ids=["held", "dropped"])
 @pytest.mark.parametrize("method", METHODS)
