@@ -122,6 +122,24 @@ def test_views_noncontiguous_empty_parameter():
         _roundtrip(p * 2)
 
 
+def test_pickled_tensor_outside_its_storage_is_refused():
+    """A message is another process's: torch 1.13's set_() lets a tensor
+    reach past its storage when only its offset differs from the tensor's
+    (a frombuffer() tensor of the whole storage given an offset), so
+    rebuild_tensor() checks the geometry itself."""
+    import pickle
+    from tshm.torch import _reductions
+    seg = tshm.Segment(4096)
+    for meta in ((1, (16,), (1,)), (0, (4, 4), (5, 1)), (0, (2,), (-1,)),
+                 (-1, (2,), (1,)), (0, (-1,), (1,))):
+        with pytest.raises((pickle.UnpicklingError, RuntimeError)):
+            _reductions.rebuild_tensor(None, seg, 64, 64, "float32",
+                                       meta + (False, False, False))
+    t = _reductions.rebuild_tensor(None, seg, 64, 64, "float32",
+                                   (2, (2, 7), (7, 1), False, False, False))
+    assert t.shape == (2, 7) and t.storage_offset() == 2
+
+
 def test_conjugate_and_negative_views_read_the_same_on_both_sides():
     """x.conj() and x._neg_view() are x's memory read through a bit:
     moving one into a segment keeps the bit (the sender's tensor reads

@@ -164,6 +164,19 @@ def _element_size(dtype):
     return size
 
 
+def _within(numel, offset, size, stride):
+    """True if a tensor of that geometry reaches only elements of a storage
+    of numel.  torch 1.13's set_() checks it against the storage, except
+    when only the offset changes (the same sizes and strides as the tensor
+    has: frombuffer()'s of the whole storage), where it lets the tensor
+    reach past its storage: a message from another process must not."""
+    if offset < 0 or min(size, default=1) < 0 or min(stride, default=0) < 0:
+        return False
+    if 0 in size:
+        return True                 # no element, nothing reached
+    return offset + sum((n - 1) * s for n, s in zip(size, stride)) < numel
+
+
 def rebuild_storage(seg, off, n):
     return _import(seg, off, n)
 
@@ -172,9 +185,14 @@ def rebuild_tensor(cls, seg, off, n, dtype_name, meta):
     """The receiving half of reduce_tensor(); cls None is torch.Tensor."""
     dtype = _dtype_named(dtype_name)
     offset, size, stride, requires_grad, conj, neg = meta
-    if n and n % _element_size(dtype) == 0:
+    esize = _element_size(dtype)
+    if n and n % esize == 0:
         # A tensor of dtype over the storage's bytes, then given its own
         # geometry: one tensor made, not an empty one and a byte view.
+        if not _within(n // esize, offset, size, stride):
+            raise pickle.UnpicklingError(
+                f"a tensor of {size}, stride {stride} at {offset} lies "
+                f"outside its storage of {n} bytes")
         t = torch.frombuffer(_alloc.view_over(seg, off, n), dtype=dtype)
         t.set_(_alloc.untyped(t), offset, size, stride)
     else:
