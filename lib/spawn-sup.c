@@ -597,6 +597,23 @@ static void sup_signals(struct sup_plan *p)
 	struct sigaction sa;
 	sigset_t set;
 
+	if (p->restore_signals)
+		sigprocmask(SIG_SETMASK, NULL, &p->saved_mask);
+	/*
+	 * What sigfd reads is blocked before any disposition changes: one
+	 * that comes meanwhile waits there instead of killing the supervisor
+	 * (SIGINT goes from SIG_IGN or a handler to SIG_DFL below).
+	 * SIGTERM (a timeout(1), a kill of the caller's group) terminates the
+	 * set as tshm_procs_terminate() does, with the grace: dying of it
+	 * would leave the workers to their parent-death signal, and their
+	 * own children to nobody.
+	 */
+	sigemptyset(&set);
+	sigaddset(&set, SIGCHLD);
+	sigaddset(&set, SIGTERM);
+	if (p->forward_sigint)
+		sigaddset(&set, SIGINT);
+	sigprocmask(SIG_BLOCK, &set, NULL);
 	memset(&sa, 0, sizeof(sa));
 	for (int sig = 1; sig < NSIG; sig++) {
 		if (sig == SIGKILL || sig == SIGSTOP)
@@ -612,12 +629,6 @@ static void sup_signals(struct sup_plan *p)
 			sa.sa_handler = SIG_DFL;
 		sigaction(sig, &sa, NULL);
 	}
-	if (p->restore_signals)
-		sigprocmask(SIG_SETMASK, NULL, &p->saved_mask);
-	sigemptyset(&set);
-	sigaddset(&set, SIGCHLD);
-	if (p->forward_sigint)
-		sigaddset(&set, SIGINT);
 	sigprocmask(SIG_SETMASK, &set, NULL);
 	p->sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 }
@@ -785,12 +796,15 @@ void sup_main(struct sup_plan *p)
 			struct signalfd_siginfo si;
 
 			/*
-			 * A SIGINT that came while the workers were being
-			 * forked is passed on here, once they all exist.
+			 * A SIGINT or SIGTERM that came while the workers were
+			 * being forked is acted on here, once they all exist.
 			 */
-			while (read(p->sigfd, &si, sizeof(si)) > 0)
+			while (read(p->sigfd, &si, sizeof(si)) > 0) {
 				if (si.ssi_signo == SIGINT)
 					sup_forward(&s, SIGINT);
+				else if (si.ssi_signo == SIGTERM)
+					sup_terminate(&s, 2, false);
+			}
 		}
 		sup_reap(&s);
 		if (ipid >= 0 && pfd[ipid].revents) {

@@ -184,7 +184,8 @@ enum behave {
 	B_RETNEG,	/* returns -EINVAL */
 	B_CLOSEALL,	/* closes every fd but 0-2, then sleeps 2 s */
 	B_SCRIBBLE,	/* overwrites the status board if mapped, returns 0 */
-	B_HANG_INT,	/* dies on SIGINT, even where the caller blocked it */
+	B_HANG_INT,	/* dies on SIGINT or SIGTERM, even where the caller
+			 * blocked them */
 };
 
 struct behave_arg {
@@ -302,8 +303,10 @@ static int w_behave(int rank, int nprocs, void *arg)
 		sigset_t set;
 
 		signal(SIGINT, SIG_DFL);
+		signal(SIGTERM, SIG_DFL);
 		sigemptyset(&set);
 		sigaddset(&set, SIGINT);
+		sigaddset(&set, SIGTERM);
 		sigprocmask(SIG_UNBLOCK, &set, NULL);
 		for (;;)
 			pause();
@@ -904,18 +907,20 @@ TEST_F(sp, parent_sigkill_no_orphans)
  * SIGINT, which fork workers inherit: B_HANG_INT unblocks it once it
  * dies of it, so a SIGINT passed on early still counts.  0: as expected.
  */
-static int ctrl_c_job(const FIXTURE_VARIANT(sp) *variant, bool forward)
+static int ctrl_c_job(const FIXTURE_VARIANT(sp) *variant, int how)
 {
+	bool forward = how == 1, term = how == 2;
 	struct behave_arg b = { { B_HANG_INT, B_HANG_INT } };
 	struct tshm_forkserver *fs = NULL;
 	struct tshm_spawn_attr *a;
 	struct tshm_procs *procs;
 	struct tshm_failure f;
+	bool terminated = true;
 	sigset_t set;
 	int ret;
 
 	sigemptyset(&set);
-	sigaddset(&set, SIGINT);
+	sigaddset(&set, term ? SIGTERM : SIGINT);
 	if (setpgid(0, 0) || sigprocmask(SIG_BLOCK, &set, NULL))
 		return 10;
 	/* Forked by this job, so its supervisors are in the job's group. */
@@ -935,29 +940,44 @@ static int ctrl_c_job(const FIXTURE_VARIANT(sp) *variant, bool forward)
 	if (tshm_spawn(NULL, a, &procs))
 		return 14;
 	tshm_spawn_attr_destroy(a);
-	kill(0, SIGINT);
-	ret = tshm_procs_join(procs, forward ? 20000 : 1000, &f);
+	kill(0, term ? SIGTERM : SIGINT);
+	ret = tshm_procs_join(procs, forward || term ? 20000 : 1000, &f);
+	for (int i = 0; i < 2; i++) {
+		int st = 0;
+
+		terminated &= ret == 0 && tshm_procs_status(procs, i, &st) == 1 &&
+			      WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM;
+	}
 	tshm_procs_destroy(procs);
 	if (fs)
 		tshm_forkserver_destroy(fs);
+	/* Terminated by the supervisor (its request: not a failure), not
+	 * left to die of their parent-death signal (SIGKILL). */
+	if (term)
+		return terminated ? 0 : 22;
 	if (forward)
 		return ret == -ECANCELED && f.signo == SIGINT ? 0 : 20;
 	return ret == -ETIMEDOUT ? 0 : 21;
 }
 
+/*
+ * Ctrl-C reaches the workers only with TSHM_SPAWN_FORWARD_SIGINT (how 0,
+ * 1); a SIGTERM to the job's group (timeout(1)) makes the supervisor
+ * terminate the set, SIGTERM first, instead of dying of it (how 2).
+ */
 TEST_F(sp, ctrl_c_reaches_workers_only_when_forwarded)
 {
-	for (int forward = 0; forward < 2; forward++) {
+	for (int how = 0; how < 3; how++) {
 		pid_t job = fork();
 		int status;
 
 		ASSERT_LE(0, job);
 		if (job == 0)
-			_exit(ctrl_c_job(variant, forward));
+			_exit(ctrl_c_job(variant, how));
 		ASSERT_EQ(job, waitpid(job, &status, 0));
 		EXPECT_TRUE(WIFEXITED(status));
 		EXPECT_EQ(0, WEXITSTATUS(status)) {
-			TH_LOG("forward %d: status %#x", forward, status);
+			TH_LOG("case %d: status %#x", how, status);
 		}
 	}
 }
