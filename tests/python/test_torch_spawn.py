@@ -127,6 +127,14 @@ def test_thread_budget_and_tensor_args(method):
             del os.environ["OMP_NUM_THREADS"]
         # and the other variables stay as the caller has them: unset
         assert [g[1:] for g in got] == [(3, "3", "tshm", None)] * 2
+        # MKL's alone sizes torch's pools, as torch's start-up does (a
+        # zygote's worker must not keep the zygote's size)
+        os.environ["MKL_NUM_THREADS"] = "1"
+        try:
+            got = _reports(2, torch.zeros(1), method)
+        finally:
+            del os.environ["MKL_NUM_THREADS"]
+        assert [g[1:] for g in got] == [(1, None, "tshm", "1")] * 2
         assert torch.get_num_threads() == threads   # the caller's own
     finally:
         tshm.torch.uninstall()

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from multiprocessing import connection
 
@@ -175,7 +176,39 @@ def test_dropping_the_context_leaves_its_workers_running(method):
     _wait_for(lambda: all(p.exitcode is not None for p in procs), 120)
     assert [p.exitcode for p in procs] == [0, 0]
     tshm.torch.spawn(_ends, args=(0,), nprocs=1, start_method="fork")
-    assert not tshm.torch._context._orphans   # closed by the next spawn
+    assert not tshm.torch._context._dropped   # closed by the next spawn
+
+
+@_HOST_ONLY
+def test_a_context_in_a_cycle_is_finalized_under_any_lock():
+    """The collector may finalize a running context in a reference cycle
+    while its thread holds the zygote's lock (in the middle of a request)
+    or the reaper's: __del__ takes no lock and asks the zygote nothing;
+    and the workers' sentinels it made are closed, not left open."""
+    from tshm.torch import _context, _zygote
+    tshm.torch.spawn(_ends, args=(0,), start_method="forkserver")  # zygote
+    before = set(os.listdir("/proc/self/fd"))
+    ctx = tshm.torch.spawn(_sleeps, nprocs=2, join=False,
+                           start_method="forkserver")
+    pids = ctx.pids()
+    assert len(ctx.sentinels) == 2
+    ctx.me = ctx
+    del ctx
+    done = threading.Event()
+
+    def collect():
+        with _zygote._lock, _context._reaping:
+            gc.collect()
+        done.set()
+
+    threading.Thread(target=collect, daemon=True).start()
+    assert done.wait(60), "a finalizer waits for a lock its thread holds"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    _wait_for(lambda: not any(c._running() for c in _context._dropped))
+    _context._reap_orphans()
+    assert not _context._dropped
+    assert set(os.listdir("/proc/self/fd")) == before
 
 
 AT_EXIT = textwrap.dedent("""

@@ -251,27 +251,47 @@ class WorkerProcess:
             os.close(fd)
 
     def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        # Whatever the worker does: nobody can wait on the sentinel now.
+        fd, self._pidfd = self._pidfd, -1
+        if fd is not None and fd >= 0:
+            os.close(fd)
 
 
-# Contexts dropped while their workers ran, kept until the workers end
-# (_reap_orphans()) or this process does (_at_exit()); and every context
-# not closed yet, which _at_exit() also waits for.
-_orphans = set()
+# Contexts dropped before they were closed, kept until their workers end
+# (_reap_orphans(), at the next context) or this process does
+# (_at_exit()); and every context not closed yet, which _at_exit() also
+# waits for.  __del__ only appends to _dropped: a finalizer runs wherever
+# the collector does, with any lock of this module or the zygote's held
+# by its thread, so it takes no lock and asks nothing of a set.
+_dropped = []
 _live = weakref.WeakSet()
-_registry = threading.Lock()
+_reaping = threading.Lock()
+
+
+def _take_dropped():
+    with _reaping:
+        n = len(_dropped)
+        taken = _dropped[:n]
+        del _dropped[:n]          # what a finalizer appends meanwhile stays
+    return taken
 
 
 def _reap_orphans():
     """Close the dropped contexts whose workers all ended."""
-    with _registry:
-        ended = [ctx for ctx in _orphans if not ctx._running()]
-        _orphans.difference_update(ended)
-    for ctx in ended:
-        ctx._close()
+    running = []
+    for ctx in _take_dropped():
+        if ctx._running():
+            running.append(ctx)
+        else:
+            _quietly(ctx._close)
+    _dropped.extend(running)
+
+
+def _quietly(fn):
+    try:
+        fn()
+    except Exception:     # another thread joins it (a daemon thread)
+        pass
 
 
 def _at_exit():
@@ -279,14 +299,14 @@ def _at_exit():
     the daemonic workers of every context still open (dropped or not),
     then wait for the others.  A KeyboardInterrupt in the wait (a second
     Ctrl-C) terminates what is left instead."""
-    with _registry:
-        ctxs = set(_live) | _orphans
-        _orphans.clear()
+    ctxs = set(_take_dropped()) | set(_live)
     try:
         for ctx in ctxs:
             if ctx._daemon:
-                ctx._close()
+                _quietly(ctx._close)
         for ctx in ctxs:
+            if ctx._daemon:
+                continue
             try:
                 while not ctx.join():
                     pass
@@ -294,13 +314,13 @@ def _at_exit():
                 pass
     finally:
         for ctx in ctxs:
-            ctx._close()
+            _quietly(ctx._close)
 
 
 def _after_fork_in_child():
     # The parent's contexts are not this process's to wait for.
-    global _orphans, _live, _registry
-    _orphans, _live, _registry = set(), weakref.WeakSet(), threading.Lock()
+    global _dropped, _live, _reaping
+    _dropped, _live, _reaping = [], weakref.WeakSet(), threading.Lock()
 
 
 atexit.register(_at_exit)
@@ -478,16 +498,11 @@ class ProcessContext:
             return False
 
     def __del__(self):
-        # Not closed: as torch's workers, these keep running; this context
-        # comes back to life in _orphans until they end.  (Called once:
-        # the interpreter does not finalize a resurrected object again.)
-        try:
-            if self._running():
-                for p in self._processes or ():
-                    p._orphan = self      # a collected cycle cleared p._ctx
-                with _registry:
-                    _orphans.add(self)
-                return
-            self._close()
-        except Exception:
-            pass
+        # Not closed: as torch's workers, its workers keep running; this
+        # context comes back to life in _dropped until they end (see
+        # there).  Called once: the interpreter does not finalize a
+        # resurrected object again.
+        if not self._done:
+            for p in self._processes or ():
+                p._orphan = self          # a collected cycle cleared p._ctx
+            _dropped.append(self)

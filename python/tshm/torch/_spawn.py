@@ -331,7 +331,11 @@ def _apply_thread_budget():
     torch's pthreadpool (QNNPACK, XNNPACK), which otherwise takes every
     CPU.  In a fork it costs about 5 ms of CPU (torch builds the pool
     afresh there, then again at the new size)."""
-    threads = os.environ.get("OMP_NUM_THREADS")
+    # torch's own rule at start-up: OMP_NUM_THREADS, else MKL_NUM_THREADS
+    # (a caller's, set alone); a zygote's worker must not keep the
+    # zygote's size instead.
+    threads = os.environ.get("OMP_NUM_THREADS") or \
+        os.environ.get("MKL_NUM_THREADS")
     import torch
     if threads and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))

@@ -101,17 +101,34 @@ class _Life:
         # Replies to requests interrupted before a byte of their reply
         # was read (Ctrl-C in a join): read before the next request's.
         self.unread = 0
+        # A message half sent or half read, if an exception came then.
+        self.midway = False
 
 
-def _recv_whole(conn):
-    """One reply, read with SIGINT held off in this thread: a Ctrl-C
-    between two reads of it would leave the rest to be taken for the
-    next reply.  (Its data is in: the delay is a copy's.)"""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+def _whole(life, unread, op, *args):
+    """op(*args), a send or a read of one message, with SIGINT held off
+    in this thread: a Ctrl-C between two writes or reads of a message
+    would leave its rest to be taken for the next one's.  (The delay is
+    a copy's: a reply is read once its data is in.)  unread: what the
+    message does to life.unread (+1 a request, -1 a reply).  Returns (result,
+    exception): what a handler raised as the mask came off, the message
+    whole, for the caller to raise.  (Only this thread's mask: a SIGINT
+    that another thread of this process takes still raises here.)"""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, ())     # as it is
     try:
-        return conn.recv()
-    finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        life.midway = True
+        result = op(*args)
+        life.midway = False
+        life.unread += unread     # (with SIGINT held off: counted as done)
+    except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    except BaseException as e:    # the Ctrl-C held off
+        return result, e
+    return result, None
 
 
 def _after_fork_in_child():
@@ -224,10 +241,17 @@ def _request(request, retry=False, life=None):
             conn, answered = _zygote[2], _zygote[3]
             try:
                 while answered.unread:
-                    _recv_whole(conn)
-                    answered.unread -= 1
-                conn.send_bytes(buf)
-                answered.unread += 1
+                    _, interrupted = _whole(answered, -1, conn.recv)
+                    if interrupted is not None:
+                        break             # raised below; nothing sent
+                if interrupted is not None:
+                    break
+                _, late = _whole(answered, 1, conn.send_bytes, buf)
+                if late is not None:
+                    if request[0] != "join":
+                        raise late        # a set started unseen: lost below
+                    interrupted = late    # its reply read before the next
+                    break
                 try:
                     connection.wait([conn])
                 except BaseException as e:
@@ -237,8 +261,11 @@ def _request(request, retry=False, life=None):
                     # it first, and the zygote and its sets live on.
                     interrupted = e
                     break
-                status, value = _recv_whole(conn)
-                answered.unread -= 1
+                (status, value), late = _whole(answered, -1, conn.recv)
+                if late is not None:
+                    if request[0] != "join":
+                        raise late        # a set started unseen: lost below
+                    interrupted = late    # a join's answer: asked again
                 break
             except (OSError, EOFError):
                 res = _forget()
@@ -249,8 +276,10 @@ def _request(request, retry=False, life=None):
                 # In the middle of a message (a signal handler that
                 # raised while one was half sent or half read): its rest
                 # would be taken for the next one's.  The connection is
-                # lost, and the zygote with it.
-                _forget()
+                # lost, and the zygote with it.  Between messages, what
+                # a request waits for is counted in unread.
+                if answered.midway or request[0] != "join":
+                    _forget()
                 raise
     if interrupted is not None:
         raise interrupted
