@@ -267,10 +267,13 @@ static void sup_drain_workers(struct sup *s)
 }
 
 /*
- * Signal what is left.  The group goes first (it also reaches the workers'
- * own children), then each unreaped worker by pid in case it left the
- * group.  An unreaped worker, even a zombie, keeps both its pid and the
- * group id from being reused, so this never hits a stranger.
+ * Signal what is left, once per worker, as the terminal signals each process
+ * of its group once: a second SIGINT or SIGTERM would interrupt what the
+ * first one started (a Python worker's clean-up, its exit).  The group goes
+ * first (it also reaches the workers' own children), then by pid each
+ * unreaped worker that left the group.  An unreaped worker, even a zombie,
+ * keeps both its pid and the group id from being reused, so this never
+ * hits a stranger.
  */
 static void sup_signal(struct sup *s, int sig)
 {
@@ -281,28 +284,8 @@ static void sup_signal(struct sup *s, int sig)
 	for (int i = 0; i < s->started; i++) {
 		struct spawn_rank *r = &s->b->rank[i];
 
-		if (!(r->flags & RANK_EXITED) && r->pid > 0)
-			kill(r->pid, sig);
-	}
-}
-
-/*
- * Pass on a SIGINT (Ctrl-C) once to each worker, as the terminal sends it
- * once to each process of its group: by pid only to a worker that left
- * the group.  A second one would interrupt what the first one started
- * (a Python worker's clean-up, its exit).
- */
-static void sup_forward(struct sup *s, int sig)
-{
-	if (s->reaped >= s->started)
-		return;
-	if (s->pgid > 0)
-		kill(-s->pgid, sig);
-	for (int i = 0; i < s->started; i++) {
-		struct spawn_rank *r = &s->b->rank[i];
-
 		if (!(r->flags & RANK_EXITED) && r->pid > 0 &&
-		    getpgid(r->pid) != s->pgid)
+		    (s->pgid <= 0 || getpgid(r->pid) != s->pgid))
 			kill(r->pid, sig);
 	}
 }
@@ -801,7 +784,7 @@ void sup_main(struct sup_plan *p)
 			 */
 			while (read(p->sigfd, &si, sizeof(si)) > 0) {
 				if (si.ssi_signo == SIGINT)
-					sup_forward(&s, SIGINT);
+					sup_signal(&s, SIGINT);
 				else if (si.ssi_signo == SIGTERM)
 					sup_terminate(&s, 2, false);
 			}
