@@ -23,13 +23,17 @@ A message in the ring is::
     buffers  per buffer: segment index (u32), offset (u64), length (u64)
     pickle   the protocol 5 stream
 
+or, with the flag _F_PACKED, no buffers and in place of the pickle a
+payload that the queue's class packed and unpacks itself (_pack(),
+_unpack(): tshm.torch's queues send a lone tensor so, with no pickling
+on either side).
+
 The receiver checks every field against the segments that arrived before it
 uses them.  It maps the same pages: a received array is writable where the
 sent one was, and shared with the sender.
 """
 
 import errno
-import io
 import pickle
 import signal
 import struct
@@ -47,7 +51,9 @@ _HEADER = struct.Struct("<4sHHI")
 _BUFFER = struct.Struct("<IQQ")
 _MAGIC = b"TSQ1"
 _F_SEGMENTS = 1  # the pickle names Segment objects (_segment_at)
+_F_PACKED = 2    # no pickle: the class's _unpack() reads the payload
 _ALIGN = 64      # copied buffers start on a cache line
+_PACKED_HEADER = _HEADER.pack(_MAGIC, 0, _F_PACKED, 0)
 
 #: Buffers smaller than this travel in band (a copy through the ring is
 #: cheaper than making and mapping a segment below about this size).
@@ -65,7 +71,7 @@ PICKLED_AS_IS = frozenset({tuple, list, dict, set, frozenset, type,
 def _timeout_ms(block, timeout):
     if not block:
         return 0
-    return _ms(timeout)
+    return -1 if timeout is None else _ms(timeout)
 
 
 def _raised_by_signal_handler(exc):
@@ -243,12 +249,35 @@ class _Hooks:
         return _cuda_buffer_at, (desc, tuple(index), fd_index)
 
 
+class _Route:
+    """A pickler's buffer_callback: the split of the message it pickles
+    now (a pickler is reused for the next message, _pickled())."""
+
+    __slots__ = ("split",)
+
+    def __init__(self, split):
+        self.split = split
+
+    def buffer(self, pb):
+        return self.split.buffer(pb)
+
+
+class _Sink:
+    """The file a pickler writes to: write is a list's append."""
+
+    __slots__ = ("write",)
+
+    def __init__(self, write):
+        self.write = write
+
+
 class _Encoder(_Hooks, pickle.Pickler):
     """The C pickler: fast, but never shows bytes to reducer_override."""
 
     def __init__(self, file, split):
+        self.route = _Route(split)
         pickle.Pickler.__init__(self, file, protocol=5,
-                                buffer_callback=split.buffer)
+                                buffer_callback=self.route.buffer)
         self.split = split
 
 
@@ -258,9 +287,43 @@ class _SlowEncoder(_Hooks, pickle._Pickler):
     objects do not fit in band."""
 
     def __init__(self, file, split):
+        self.route = _Route(split)
         pickle._Pickler.__init__(self, file, protocol=5,
-                                 buffer_callback=split.buffer)
+                                 buffer_callback=self.route.buffer)
         self.split = split
+
+
+_kept = threading.local()   # .picklers: encoder class -> (pickler, chunks)
+
+
+def _pickled(cls, obj, split):
+    """obj's protocol 5 pickle (bytes) by an encoder of class cls with
+    split's hooks.  The thread keeps one encoder of each class for its
+    next messages: making one (protocol 5, its buffer_callback, its hooks
+    looked up) costs as much as pickling a tensor's message.  An encoder
+    is taken while it pickles, so that a reducer that puts to a queue
+    meanwhile makes its own, and dropped if its dump() fails; one kept
+    holds no object of the message (its memo is cleared, its split
+    unset)."""
+    kept = getattr(_kept, "picklers", None)
+    if kept is None:
+        kept = _kept.picklers = {}
+    entry = kept.pop(cls, None)
+    if entry is None:
+        chunks = []
+        entry = cls(_Sink(chunks.append), split), chunks
+    pickler, chunks = entry
+    pickler.split = pickler.route.split = split
+    try:
+        pickler.dump(obj)
+    finally:
+        pickler.clear_memo()
+        pickler.split = pickler.route.split = None
+    data = chunks[0] if len(chunks) == 1 and type(chunks[0]) is bytes \
+        else b"".join(chunks)
+    chunks.clear()
+    kept[cls] = entry
+    return data
 
 
 class Queue:
@@ -306,18 +369,17 @@ class Queue:
         room = self._max_msg
         fast, slow = self._encoders
         for cls, threshold in ((fast, self._threshold), (slow, 1)):
-            f = io.BytesIO()
             enc = _Split(threshold, QUEUE_MAX_SEGS)
             with _reduction.withdrawn_unless_kept() as made:
-                cls(f, enc).dump(obj)
+                data = _pickled(cls, obj, enc)
                 head = _HEADER.size + _BUFFER.size * len(enc.buffers)
-                if head + f.tell() <= room:
+                if head + len(data) <= room:
                     handles.extend(made)
                     made.clear()
                     break
         else:
             raise OSError(errno.EMSGSIZE,
-                          f"message too long: {head + f.tell()} bytes stay "
+                          f"message too long: {head + len(data)} bytes stay "
                           f"in band with every buffer out of band, the "
                           f"queue's max_msg is {room}")
         if len(enc.buffers) > 0xffff:
@@ -331,14 +393,16 @@ class Queue:
                     f"segments: this one names {len(segments)} and needs "
                     f"one more for its {len(enc.copies)} copied buffer(s)")
             segments = segments + [self._copy(enc, self._ctx)]
+        flags = _F_SEGMENTS if enc.named else 0
+        if not enc.buffers:
+            return _HEADER.pack(_MAGIC, 0, flags, 0) + data, segments, enc
         out = bytearray(head)
-        _HEADER.pack_into(out, 0, _MAGIC, len(enc.buffers),
-                          _F_SEGMENTS if enc.named else 0, 0)
+        _HEADER.pack_into(out, 0, _MAGIC, len(enc.buffers), flags, 0)
         pos = _HEADER.size
         for b in enc.buffers:
             _BUFFER.pack_into(out, pos, *b)
             pos += _BUFFER.size
-        out += f.getbuffer()
+        out += data
         return out, segments, enc
 
     @staticmethod
@@ -359,16 +423,30 @@ class Queue:
 
     # -- unpickling a message ----------------------------------------------
 
-    @staticmethod
-    def _decode(data, segments, fds=()):
+    def _pack(self, obj):
+        """A packed message for obj (_F_PACKED): (payload, segments), or
+        None to pickle it.  The base class packs nothing."""
+        return None
+
+    def _unpack(self, payload, segments):
+        """The object of a packed message's payload (a memoryview), which
+        came with segments (a tuple).  The base class reads none."""
+        raise OSError(errno.EBADMSG, f"tshm.Queue: a packed message on a "
+                      f"{type(self).__name__}, which reads none")
+
+    def _decode(self, data, segments, fds=()):
         mv = memoryview(data)
         if len(mv) < _HEADER.size:
             raise OSError(errno.EBADMSG, "tshm.Queue: short message")
         magic, nbuf, flags, zero = _HEADER.unpack_from(mv, 0)
         pos = _HEADER.size + nbuf * _BUFFER.size
-        if magic != _MAGIC or zero or flags & ~_F_SEGMENTS or pos > len(mv):
+        if magic != _MAGIC or zero or flags & ~(_F_SEGMENTS | _F_PACKED) \
+                or pos > len(mv) or \
+                (flags & _F_PACKED and (flags != _F_PACKED or nbuf or fds)):
             raise OSError(errno.EBADMSG, "tshm.Queue: not a message of "
                           "this protocol (bad header)")
+        if flags & _F_PACKED:
+            return self._unpack(mv[pos:], segments)
         buffers = []
         for i in range(nbuf):
             idx, off, n = _BUFFER.unpack_from(mv, _HEADER.size + i * _BUFFER.size)
@@ -393,6 +471,11 @@ class Queue:
         """Put obj on the queue, waiting up to timeout seconds for room
         (forever if None; not at all if block is false): queue.Full."""
         ms = _timeout_ms(block, timeout)
+        packed = self._pack(obj)
+        if packed is not None:
+            payload, segments = packed
+            self._raw.send(_PACKED_HEADER + payload, segments, ms)
+            return
         with _reduction.withdrawn_unless_kept() as handles:
             data, segments, enc = self._encode(obj, handles)
             self._raw.send(data, segments, ms, enc.fds)

@@ -244,6 +244,11 @@ def _raw_send(q, data, segs=()):
     struct.pack("<4sHHI", b"TSQ1", 0, 0x80, 0) + pickle.dumps(1),
     struct.pack("<4sHHI", b"TSQ1", 1, 0, 0) + struct.pack("<IQQ", 0, 0, 8),
     struct.pack("<4sHHI", b"TSQ1", 1000, 0, 0),
+    # packed (a tshm.torch queue's lone tensor): a plain Queue reads none,
+    # and a packed message has no buffers and no other flag
+    struct.pack("<4sHHI", b"TSQ1", 0, 2, 0) + bytes(27),
+    struct.pack("<4sHHI", b"TSQ1", 0, 3, 0) + bytes(27),
+    struct.pack("<4sHHI", b"TSQ1", 1, 2, 0) + struct.pack("<IQQ", 0, 0, 0),
 ])
 def test_corrupt_messages_are_rejected(data):
     q = tshm.Queue()

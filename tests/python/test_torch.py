@@ -9,6 +9,7 @@ method.  Skipped where Debian's python3-torch is missing."""
 
 import gc
 import os
+import pickle
 import queue
 import signal
 import subprocess
@@ -120,6 +121,96 @@ def test_views_noncontiguous_empty_parameter():
     assert torch.equal(p.detach(), q.detach())
     with pytest.raises(RuntimeError, match="non-leaf"):
         _roundtrip(p * 2)
+
+
+def flat_bytes(t):
+    """t's values (its lazy bits resolved) as bytes, whatever its shape."""
+    t = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    return t.view(torch.uint8)
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_lone_tensor_goes_packed_and_arrives_as_pickled():
+    """A tshm.torch queue sends a message that is one plain tensor without
+    pickling it (_reductions.pack_tensor()): it arrives as the same tensor
+    in a tuple (pickled) does, over the same memory; a tensor the packed
+    form does not carry (a dtype outside it, a Parameter, a non-leaf that
+    requires grad, an empty storage) goes pickled, with its errors."""
+    from tshm.torch import _reductions
+    q = tshm.torch.get_context("fork").SimpleQueue()
+    base = torch.arange(4096, dtype=torch.float32).reshape(64, 64)
+    leaf = torch.randn(5, 7, requires_grad=True)
+    cases = [base, base[3:17, 5:40], base.t(), base[::3, ::2], base[10],
+             torch.tensor(7.5), torch.empty(5, 0, 3), torch.arange(10)[2:2],
+             torch.ones(3, 4).expand(2, 3, 4), leaf,
+             torch.tensor([1 + 2j, 3 - 4j]).conj(),
+             torch.tensor([1.0, -2.0])._neg_view(),
+             torch.arange(7, dtype=torch.uint8)[:6].view(torch.int16)] + \
+        [sample(d, 100) for d in DTYPES]
+    for x in cases:
+        packed = _reductions.pack_tensor(x) is not None
+        assert packed == (x.dtype is not torch.complex32 and
+                          untyped(x).nbytes() > 0 and
+                          untyped(x).nbytes() % x.element_size() == 0), x
+        q.put(x)
+        got = q.get()
+        q.put((x,))
+        (pickled,) = q.get()
+        for y in (got, pickled):
+            assert type(y) is torch.Tensor and y.dtype == x.dtype
+            assert y.shape == x.shape and y.stride() == x.stride()
+            assert y.storage_offset() == x.storage_offset()
+            assert (y.requires_grad, y.is_leaf, y.is_conj(), y.is_neg()) == \
+                (x.requires_grad, True, x.is_conj(), x.is_neg())
+            assert torch.equal(flat_bytes(x), flat_bytes(y))
+            if untyped(x).nbytes():
+                assert untyped(y).data_ptr() == untyped(x).data_ptr()
+    p = torch.nn.Parameter(torch.randn(3))
+    assert _reductions.pack_tensor(p) is None or type(p) is not torch.Tensor
+    q.put(p)
+    assert type(q.get()) is torch.nn.Parameter
+    with pytest.raises(RuntimeError, match="non-leaf"):
+        q.put(leaf * 2)
+    assert q.empty()
+
+
+def test_malformed_packed_tensors_are_rejected():
+    """A packed tensor's fields come from another process: a bad length,
+    dtype, bit, storage outside its segment or geometry outside its
+    storage fails that get() (the message is dropped), not the queue."""
+    from tshm import _queue
+    from tshm.torch import _reductions
+    q = tshm.torch.get_context("fork").SimpleQueue()
+    raw = q._q._raw
+    x = torch.arange(16, dtype=torch.float32)
+    payload, segs = _reductions.pack_tensor(x)
+    seg = segs[0]
+    off = _reductions._PACKED.unpack_from(payload)[0]
+    st = _reductions._packed_struct(1)
+
+    def fields(**kw):
+        f = dict(off=off, n=64, offset=0, code=0, ndim=1, bits=0,
+                 size=16, stride=1)
+        f.update(kw)
+        return st.pack(*f.values())
+
+    bad = [payload[:-1], payload + bytes(16), fields(code=200),
+           fields(bits=8), fields(ndim=2), fields(n=0), fields(n=62),
+           fields(off=seg.size - 32), fields(off=2**64 - 8),
+           fields(n=2**64 - 64), fields(size=17), fields(offset=1),
+           fields(stride=-1), fields(size=2**62), fields(offset=-1),
+           fields(bits=1, code=_reductions._PACKED_DTYPES.index("int64"),
+                  size=8)]
+    for data in bad:
+        raw.send(_queue._PACKED_HEADER + data, [seg], -1)
+        with pytest.raises((OSError, RuntimeError)):
+            q.get()
+        assert q.empty()
+    raw.send(_queue._PACKED_HEADER + payload, [seg, seg], -1)
+    with pytest.raises(OSError):
+        q.get()
+    raw.send(_queue._PACKED_HEADER + payload, [seg], -1)
+    assert torch.equal(q.get(), x)
 
 
 def test_pickled_tensor_outside_its_storage_is_refused():

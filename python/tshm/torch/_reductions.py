@@ -20,8 +20,10 @@ as torch's own strategies move it into shared memory: the sender's tensor
 is shared from then on, and sending it again copies nothing.
 """
 
+import errno
 import multiprocessing.reduction
 import pickle
+import struct
 import threading
 
 import torch
@@ -188,13 +190,15 @@ def rebuild_tensor(cls, seg, off, n, dtype_name, meta):
     esize = _element_size(dtype)
     if n and n % esize == 0:
         # A tensor of dtype over the storage's bytes, then given its own
-        # geometry: one tensor made, not an empty one and a byte view.
-        if not _within(n // esize, offset, size, stride):
-            raise pickle.UnpicklingError(
-                f"a tensor of {size}, stride {stride} at {offset} lies "
-                f"outside its storage of {n} bytes")
+        # geometry, unless it is that one already (the whole storage, flat):
+        # one tensor made, not an empty one and a byte view.
         t = torch.frombuffer(_alloc.view_over(seg, off, n), dtype=dtype)
-        t.set_(_alloc.untyped(t), offset, size, stride)
+        if offset or size != (n // esize,) or stride != (1,):
+            if not _within(n // esize, offset, size, stride):
+                raise pickle.UnpicklingError(
+                    f"a tensor of {size}, stride {stride} at {offset} "
+                    f"outside its storage of {n} bytes")
+            t.set_(_alloc.untyped(t), offset, size, stride)
     else:
         # No bytes, or a storage that is not a whole number of elements
         # (a dtype view of an odd-sized byte storage): frombuffer() in
@@ -239,6 +243,112 @@ def reduce_tensor(tensor):
             tensor.is_conj(), tensor.is_neg())
     return rebuild_tensor, (None if cls is torch.Tensor else cls,
                             seg, off, n, _dtype_name(tensor.dtype), meta)
+
+
+# -- a lone tensor, packed -----------------------------------------------------
+#
+# A tshm.torch queue sends a message that is one tensor without pickling it
+# (tshm/_queue.py, _F_PACKED; _mpqueue.ForkingQueue): what reduce_tensor()
+# would pickle, as fixed fields, and the tensor's segment as the message's
+# one segment.  Pickling costs the sender of a small tensor three times what
+# building its reduce value does, and the receiver twice what rebuilding
+# it does (two functions named, looked up, called through the pickle
+# machinery), and pickle holds nothing a tensor's message needs.
+
+#: Offset and length of the storage in the segment, the storage offset,
+#: the dtype (an index into _PACKED_DTYPES), the number of dimensions,
+#: bits (1 requires_grad, 2 conj, 4 neg); then sizes and strides
+#: (_packed_struct(): all in one struct per number of dimensions).
+_PACKED = struct.Struct("<QQqBBB")
+_PACKED_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64",
+                  "complex128", "uint8", "int8", "int16", "int32", "int64",
+                  "bool")
+_packed_dtypes = tuple(getattr(torch, name, None) for name in _PACKED_DTYPES)
+_packed_codes = {dtype: code for code, dtype in enumerate(_packed_dtypes)
+                 if isinstance(dtype, torch.dtype)}
+#: More dimensions than that go pickled.
+_PACKED_MAX_DIM = 64
+_packed_structs = {}
+
+
+def _packed_struct(ndim):
+    """The struct of a packed tensor of ndim dimensions: _PACKED, then
+    ndim sizes and ndim strides."""
+    st = _packed_structs.get(ndim)
+    if st is None:
+        st = _packed_structs[ndim] = \
+            struct.Struct(f"{_PACKED.format}{2 * ndim}q")
+    return st
+
+
+def pack_tensor(tensor):
+    """(payload, (segment,)): tensor (a torch.Tensor, not a subclass)
+    packed, where reduce_tensor() would send it as a segment, moved into
+    one first as there; else None, and it is pickled (whatever else
+    reduce_tensor() does with it: torch's reducer, an error, a warning,
+    is done there)."""
+    if cuda._holders and cuda._holder_of(tensor) is not None:
+        return None         # over a tshm GPU buffer (CPU memory under the
+                            # fake driver): cuda._reduce()'s
+    if not tensor.is_cpu or tensor.layout != torch.strided or \
+            tensor.is_quantized or getattr(tensor, "is_nested", False):
+        return None
+    code = _packed_codes.get(tensor.dtype)
+    ndim = tensor.dim()
+    if code is None or ndim > _PACKED_MAX_DIM or tensor.has_names() or \
+            tensor._backward_hooks or \
+            (tensor.requires_grad and not tensor.is_leaf):
+        return None
+    storage = _alloc.untyped(tensor)
+    n = storage.nbytes()
+    if n == 0 or n % tensor.element_size():
+        return None
+    found = _locate_address(storage.data_ptr(), n)
+    if found is None:
+        if not _sending():
+            return None
+        move_to_segment(tensor)
+        found = locate(_alloc.untyped(tensor))
+        if found is None:
+            return None
+    seg, off = found
+    bits = tensor.requires_grad | tensor.is_conj() << 1 | tensor.is_neg() << 2
+    return _packed_struct(ndim).pack(
+        off, n, tensor.storage_offset(), code, ndim, bits, *tensor.size(),
+        *tensor.stride()), (seg,)
+
+
+def _malformed(what):
+    return OSError(errno.EBADMSG, f"tshm.torch: a packed tensor {what}")
+
+
+def unpack_tensor(payload, segments):
+    """The tensor of a packed message (pack_tensor()): payload, a bytes-like
+    object, and segments, those that came with it.  Its fields come from
+    another process: each is checked before use."""
+    ndim, rest = divmod(len(payload) - _PACKED.size, 16)
+    if ndim < 0 or rest or ndim > _PACKED_MAX_DIM or len(segments) != 1:
+        raise _malformed("of a bad length, or not with one segment")
+    fields = _packed_struct(ndim).unpack(payload)
+    off, n, offset, code, dims, bits = fields[:6]
+    dtype = _packed_dtypes[code] if code < len(_packed_dtypes) else None
+    if dtype is None or dims != ndim or bits & ~7:
+        raise _malformed("with bad fields")
+    seg = segments[0]
+    esize = _element_size(dtype)
+    if n == 0 or n % esize or n > seg.size or off > seg.size - n:
+        raise _malformed("outside its segment")
+    t = torch.frombuffer(_alloc.view_over(seg, off, n), dtype=dtype)
+    if offset or ndim != 1 or fields[6] != n // esize or fields[7] != 1:
+        size, stride = fields[6:6 + ndim], fields[6 + ndim:]
+        if not _within(n // esize, offset, size, stride):
+            raise _malformed("outside its storage")
+        t.set_(_alloc.untyped(t), offset, size, stride)
+    if bits & 6:
+        t = _lazy_bits(bits & 2, bits & 4, t)
+    if bits & 1:
+        t.requires_grad = True
+    return t
 
 
 def reduce_storage(storage):
