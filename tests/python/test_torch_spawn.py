@@ -537,6 +537,87 @@ def test_workers_wait_for_their_non_daemon_threads(tmp_path, method):
             assert f.read() == "done"
 
 
+def _late_write(rank, path):
+    with open(f"{path}.started", "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(1)
+    with open(f"{path}.done", "w") as f:
+        f.write("done")
+
+
+def _start_a_set_and_return(rank, path, daemon):
+    tshm.torch.spawn(_late_write, args=(path,), nprocs=1, join=False,
+                     daemon=daemon, start_method="fork")
+    while not os.path.exists(f"{path}.started"):
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("daemon", [False, True],
+                         ids=["non-daemonic", "daemonic"])
+@pytest.mark.parametrize("method", METHODS)
+def test_workers_wait_for_the_sets_they_started(tmp_path, method, daemon):
+    """A worker whose fn returns with a set of its own still running
+    (spawn(join=False)) ends as a Python program does: after the set's
+    workers, or having terminated them if they are daemonic.  A forked
+    worker leaves with _exit(), which runs no atexit handler."""
+    path = str(tmp_path / "nested")
+    tshm.torch.spawn(_start_a_set_and_return, args=(path, daemon),
+                     nprocs=1, start_method=method)
+    with open(f"{path}.started") as f:
+        nested = int(f.read())
+    _wait_for_exit(nested)
+    assert os.path.exists(f"{path}.done") == (not daemon)
+
+
+def _wait_for_exit(pid, timeout=30):
+    end = time.monotonic() + timeout
+    while alive(pid):
+        assert time.monotonic() < end, f"{pid} still runs"
+        time.sleep(0.01)
+
+
+def _callers_sockets(rank, caller, path):
+    """The fds of this worker that are an end of a socket pair the caller
+    made (SO_PEERCRED names the process that made a pair, on both
+    ends)."""
+    import socket
+    import struct
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                struct.calcsize("3i"))
+            if struct.unpack("3i", cred)[0] == caller:
+                found.append(fd)
+        except OSError:
+            pass
+        finally:
+            s.close()
+    with open(f"{path}.{rank}", "w") as f:
+        f.write(repr(found))
+
+
+@_HOST_ONLY
+def test_forkserver_workers_hold_no_end_of_the_callers_connection(tmp_path):
+    """As multiprocessing's forkserver children close its listener, the
+    zygote's workers do not keep the zygote's end of the caller's
+    connection: while they held it, the caller could not see the zygote
+    die (EOF)."""
+    path = str(tmp_path / "socks")
+    tshm.torch.spawn(_callers_sockets, args=(os.getpid(), path), nprocs=2,
+                     start_method="forkserver")
+    for rank in range(2):
+        with open(f"{path}.{rank}") as f:
+            assert f.read() == "[]"
+
+
 _WHO_AM_I = """
 import multiprocessing as mp, os, sys
 from multiprocessing import util

@@ -41,6 +41,7 @@ from multiprocessing import (context, process, reduction, resource_sharer,
                              resource_tracker, spawn as mp_spawn, util)
 
 from .._tshm import _Procs
+from . import _context
 from ._context import SLOT, NoProcesses, ProcessContext, board_entry
 from ._reductions import sending_as_tshm
 
@@ -291,16 +292,22 @@ def _start_forks(body, nprocs, env, whos=None):
 def _forked(body, rank, board):
     """A forked worker: body(rank, board) (_forked_worker(), which loads
     fn and args, then calls _become()), then what Process._bootstrap()
-    does after its target: the worker leaves with _exit(), which waits
-    for nothing, so its finalizers run
-    first (a Queue's feeder flushes what was put), then it waits for its
-    non-daemon threads, as a Python process ending does.  An exception
-    there (sys.exit() in a signal handler during the wait) is exit
-    status 1, as in torch's workers (python/src/spawn.c)."""
+    does after its target: the worker leaves with _exit(), which runs no
+    atexit handler, so what those of an ending Python process would do
+    is done here first: the sets it started itself with
+    tshm.torch.spawn(join=False) are waited for, or terminated if
+    daemonic (_context._at_exit()), its finalizers run (a Queue's feeder
+    flushes what was put, multiprocessing's children are joined), then
+    it waits for its non-daemon threads.  An exception there (sys.exit()
+    in a signal handler during the wait) is exit status 1, as in torch's
+    workers (python/src/spawn.c)."""
     code = body(rank, board)
     try:
         try:
-            util._exit_function()
+            try:
+                _context._at_exit()
+            finally:
+                util._exit_function()
         finally:
             threading._shutdown()
     finally:

@@ -90,6 +90,8 @@ _SERVE = ("import os, signal, sys; "
 _lock = threading.Lock()
 # (pid of its starter, _Procs, Connection, _Life): the zygote now.
 _zygote = None
+# In the zygote: the fd of its connection to the caller.
+_served = -1
 
 
 class _Life:
@@ -382,6 +384,15 @@ class ZygoteProcs:
 # -- in the zygote --------------------------------------------------------
 
 def _run(prep, call, who, environ, board, rank):
+    # The zygote's end of the caller's connection is not the worker's, as
+    # multiprocessing's forkserver children close its listener: a worker
+    # holding it would keep the caller from seeing the zygote's death
+    # (EOF) while the worker lives, and could write into it.  /dev/null in
+    # its place: the zygote's Connection object, copied here, still names
+    # that fd number.
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    os.dup2(null, _served, inheritable=False)
+    os.close(null)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # The caller's environment of this spawn(), with the thread budget
     # the library set in this fork's C environment.
@@ -432,6 +443,8 @@ def _serve(fd, log, stderr, tracker, pgid):
     until it is up, stderr its own stderr, tracker the caller's
     multiprocessing resource tracker (its workers use it), pgid the
     caller's process group."""
+    global _served
+    _served = fd
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Into the caller's process group, out of the one libtshm made for it
     # (a one-process set's): the supervisors it forks for its sets are
