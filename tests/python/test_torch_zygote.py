@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -136,6 +137,58 @@ def test_an_interrupted_request_leaves_no_reply_behind():
     assert all(isinstance(pid, int) and pid > 0 for pid in ctx.pids()), \
         ctx.pids()
     assert ctx.join(60)
+
+
+def test_ctrl_c_taken_by_another_thread_keeps_the_zygote():
+    """Python runs a SIGINT handler in the main thread whichever thread
+    the kernel gave the signal to (torch's threads, in a torch program):
+    a flood of them at a joining caller, each given to another thread,
+    interrupts its joins but never a message, so the zygote and its set
+    live on."""
+    ctx = tshm.torch.spawn(_sleep, nprocs=1, join=False,
+                           start_method="forkserver")
+    life = _zygote._zygote[3]
+    armed = threading.Event()
+    stop = threading.Event()
+
+    def handler(signo, frame):
+        # Only in the library: in this test's own lines it would stop
+        # the test, not a join.
+        if armed.is_set() and frame.f_code.co_filename != __file__:
+            raise KeyboardInterrupt
+
+    def flood():
+        me = threading.get_ident()
+        while not stop.is_set():
+            signal.pthread_kill(me, signal.SIGINT)
+            time.sleep(0.0002)
+
+    old = signal.signal(signal.SIGINT, handler)
+    thread = threading.Thread(target=flood)
+    interrupts = 0
+    try:
+        thread.start()
+        armed.set()
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            try:
+                assert not ctx.join(0.05)
+            except KeyboardInterrupt:
+                interrupts += 1
+            assert _zygote._zygote is not None and \
+                _zygote._zygote[3] is life, \
+                f"zygote lost after {interrupts} interrupts"
+    finally:
+        armed.clear()
+        stop.set()
+        thread.join()
+        signal.signal(signal.SIGINT, old)
+    assert interrupts > 0
+    assert _zygote._zygote[3] is life
+    for p in ctx.processes:
+        p.kill()
+    with pytest.raises(ProcessExitedException):
+        ctx.join(60)
 
 
 def test_fork_while_the_zygote_lock_is_held():

@@ -43,9 +43,10 @@ What can go wrong, and what happens then:
   it, does not take the forkserver down;
 * an exception while a join waits for its reply (Ctrl-C): the reply is
   read before the next request's (_Life.unread), and the zygote and its
-  sets live on;
+  sets live on; a Ctrl-C in the middle of a message is deferred until
+  it is whole (_whole());
 * an exception between any other request and its reply, or in the
-  middle of a message: the reply, or the rest of the message, would be
+  middle of a message (another signal's handler): the reply, or the rest of the message, would be
   taken for the next request's, so the connection is lost and the
   zygote let go, with its running sets, as if it had died;
 * this process forks (another thread may be talking to the zygote,
@@ -108,28 +109,47 @@ class _Life:
 
 
 def _whole(life, unread, op, *args):
-    """op(*args), a send or a read of one message, with SIGINT held off
-    in this thread: a Ctrl-C between two writes or reads of a message
-    would leave its rest to be taken for the next one's.  (The delay is
-    a copy's: a reply is read once its data is in.)  unread: what the
-    message does to life.unread (+1 a request, -1 a reply).  Returns (result,
-    exception): what a handler raised as the mask came off, the message
-    whole, for the caller to raise.  (Only this thread's mask: a SIGINT
-    that another thread of this process takes still raises here.)"""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, ())     # as it is
-    try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    """op(*args), a send or a read of one message, with SIGINT's handler
+    deferred: a Ctrl-C between two writes or reads of a message would
+    leave its rest to be taken for the next one's.  unread: what the
+    message does to life.unread (+1 a request, -1 a reply).  Returns
+    (result, exception): what SIGINT's handler raised once the message
+    was whole, for the caller to raise.
+
+    Python runs signal handlers in the main thread only, whichever thread
+    the kernel gave the signal to (any that does not block it: a mask in
+    this thread alone would only send it to torch's), so only there can
+    one raise in the middle of a message, and only there can its handler
+    be changed: for the message's time it is one that notes the signal,
+    and the caller's runs after.  (The delay is a copy's: a reply is read
+    once its data is in.)  Handlers of other signals are not deferred."""
+    handler = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler):        # SIG_IGN, SIG_DFL, C's, other threads
         life.midway = True
         result = op(*args)
         life.midway = False
-        life.unread += unread     # (with SIGINT held off: counted as done)
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        raise
+        life.unread += unread
+        return result, None
+    noted = []
+    signal.signal(signal.SIGINT, lambda signo, frame: noted.append(frame))
     try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    except BaseException as e:    # the Ctrl-C held off
-        return result, e
+        life.midway = True
+        result = op(*args)
+        life.midway = False
+        life.unread += unread
+    except BaseException:
+        signal.signal(signal.SIGINT, handler)
+        if noted:                      # the Ctrl-C, on top of the failure
+            handler(signal.SIGINT, noted[0])
+        raise
+    signal.signal(signal.SIGINT, handler)
+    if noted:
+        try:
+            handler(signal.SIGINT, noted[0])
+        except BaseException as e:     # the Ctrl-C deferred
+            return result, e
     return result, None
 
 
