@@ -263,12 +263,18 @@ class _Route:
 
 
 class _Sink:
-    """The file a pickler writes to: write is a list's append."""
+    """The file a pickler writes to: the chunks it wrote, each bytes.  The
+    C pickler hands write() a big in-band bytearray or PickleBuffer as the
+    object itself, which a later reducer of the message may change: a
+    file copies it at once, and so does this."""
 
-    __slots__ = ("write",)
+    __slots__ = ("chunks",)
 
-    def __init__(self, write):
-        self.write = write
+    def __init__(self, chunks):
+        self.chunks = chunks
+
+    def write(self, b):
+        self.chunks.append(b if type(b) is bytes else bytes(b))
 
 
 class _Encoder(_Hooks, pickle.Pickler):
@@ -294,6 +300,11 @@ class _SlowEncoder(_Hooks, pickle._Pickler):
 
 
 _kept = threading.local()   # .picklers: encoder class -> (pickler, chunks)
+#: A pickler that made a longer pickle is not kept: the C pickler's memo
+#: table keeps its biggest size after clear_memo(), which walks all of it,
+#: so one big message would slow every later one of the thread (and hold
+#: the table's memory); a new pickler costs little next to a big message.
+_KEEP_MAX = 8192
 
 
 def _pickled(cls, obj, split):
@@ -311,7 +322,7 @@ def _pickled(cls, obj, split):
     entry = kept.pop(cls, None)
     if entry is None:
         chunks = []
-        entry = cls(_Sink(chunks.append), split), chunks
+        entry = cls(_Sink(chunks), split), chunks
     pickler, chunks = entry
     pickler.split = pickler.route.split = split
     try:
@@ -322,7 +333,8 @@ def _pickled(cls, obj, split):
     data = chunks[0] if len(chunks) == 1 and type(chunks[0]) is bytes \
         else b"".join(chunks)
     chunks.clear()
-    kept[cls] = entry
+    if len(data) <= _KEEP_MAX:
+        kept[cls] = entry
     return data
 
 
@@ -472,7 +484,10 @@ class Queue:
         (forever if None; not at all if block is false): queue.Full."""
         ms = _timeout_ms(block, timeout)
         packed = self._pack(obj)
-        if packed is not None:
+        # (One too long for the queue's messages goes pickled, and is
+        # spilled or refused as any other.)
+        if packed is not None and \
+                len(_PACKED_HEADER) + len(packed[0]) <= self._max_msg:
             payload, segments = packed
             self._raw.send(_PACKED_HEADER + payload, segments, ms)
             return

@@ -260,6 +260,54 @@ def test_corrupt_messages_are_rejected(data):
     assert q.get() == "still works"
 
 
+class _Changes:
+    """A later object of a message whose reducer changes a bytearray that
+    an earlier part of the message pickled."""
+
+    def __init__(self, ba, how):
+        self.ba, self.how = ba, how
+
+    def __reduce__(self):
+        if self.how == "write":
+            self.ba[:4] = b"LATE"
+        elif self.how == "grow":
+            self.ba.extend(b"Z" * 100)
+        else:
+            self.ba.clear()
+        return int, (1,)
+
+
+@pytest.mark.parametrize("how", ["write", "grow", "clear"])
+def test_in_band_bytes_are_sent_as_they_were_pickled(how):
+    """The C pickler hands a big in-band bytearray to write() as the object
+    itself: what is sent is its bytes when it was pickled, as pickle.dumps()
+    has them, not after a later reducer of the message changed it (which
+    broke the stream: its length no longer its data's)."""
+    q = tshm.Queue(maxsize=4, max_msg=1 << 20, oob_threshold=1 << 30)
+    ba = bytearray(b"a" * 100_000)
+    expected = pickle.loads(pickle.dumps([bytearray(ba), 1], protocol=5))
+    q.put([ba, _Changes(ba, how)])
+    assert q.get() == expected
+
+
+def test_a_big_message_leaves_no_pickler_behind():
+    """A thread reuses its picklers, but not one that pickled a big message:
+    the C pickler's memo keeps its biggest size, and clearing it after each
+    later message would walk all of it."""
+    from tshm import _queue
+    q = tshm.Queue(maxsize=4, max_msg=1 << 20)
+    q.put((1, 2))
+    assert q.get() == (1, 2)
+    small = dict(_queue._kept.picklers)
+    assert small
+    q.put([(i,) for i in range(20000)])
+    assert len(q.get()) == 20000
+    assert all(_queue._kept.picklers.get(cls) is not small[cls]
+               for cls in small)
+    q.put((3, 4))
+    assert q.get() == (3, 4)
+
+
 def test_corrupt_buffer_bounds_are_rejected():
     q = tshm.Queue()
     seg = tshm.Segment(4096)

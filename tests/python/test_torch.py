@@ -7,6 +7,7 @@ allocation from tshm segments (small storages sub-allocated), and
 DataLoader workers through tshm.torch.get_context() for every start
 method.  Skipped where Debian's python3-torch is missing."""
 
+import errno
 import gc
 import os
 import pickle
@@ -200,17 +201,36 @@ def test_malformed_packed_tensors_are_rejected():
            fields(n=2**64 - 64), fields(size=17), fields(offset=1),
            fields(stride=-1), fields(size=2**62), fields(offset=-1),
            fields(bits=1, code=_reductions._PACKED_DTYPES.index("int64"),
-                  size=8)]
+                  size=8),
+           fields(bits=4, code=_reductions._PACKED_DTYPES.index("bool"),
+                  size=64),
+           fields(bits=2)]
     for data in bad:
         raw.send(_queue._PACKED_HEADER + data, [seg], -1)
-        with pytest.raises((OSError, RuntimeError)):
+        with pytest.raises(OSError) as e:
             q.get()
+        assert e.value.errno == errno.EBADMSG
         assert q.empty()
     raw.send(_queue._PACKED_HEADER + payload, [seg, seg], -1)
     with pytest.raises(OSError):
         q.get()
     raw.send(_queue._PACKED_HEADER + payload, [seg], -1)
     assert torch.equal(q.get(), x)
+
+
+def test_a_lone_tensor_too_long_to_pack_goes_pickled():
+    """A queue with small messages: a lone tensor whose packed form does
+    not fit goes pickled (and spilled if needed), as it did before tensors
+    were packed; a neg view of an integer tensor, which the packed form
+    does not carry, too."""
+    from tshm.torch._mpqueue import ForkingQueue
+    q = ForkingQueue(4, 128)
+    for t in (torch.arange(6.), torch.zeros([1] * 40),
+              torch.zeros([1] * 64), torch.arange(5)._neg_view()):
+        q.put(t)
+        got = q.get()
+        assert got.shape == t.shape and got.is_neg() == t.is_neg()
+        assert torch.equal(got.resolve_neg(), t.resolve_neg())
 
 
 def test_pickled_tensor_outside_its_storage_is_refused():

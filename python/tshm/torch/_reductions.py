@@ -266,6 +266,13 @@ _PACKED_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64",
 _packed_dtypes = tuple(getattr(torch, name, None) for name in _PACKED_DTYPES)
 _packed_codes = {dtype: code for code, dtype in enumerate(_packed_dtypes)
                  if isinstance(dtype, torch.dtype)}
+#: The bits each dtype may carry: requires_grad and a neg view for
+#: floating point, all three for complex, none for the others (a neg view
+#: of bool fails at every use; one of an integer is only ever made by
+#: hand, and goes pickled).
+_packed_bits = tuple(7 if name.startswith("complex") else
+                     5 if name.startswith(("float", "bfloat")) else 0
+                     for name in _PACKED_DTYPES)
 #: More dimensions than that go pickled.
 _PACKED_MAX_DIM = 64
 _packed_structs = {}
@@ -313,6 +320,8 @@ def pack_tensor(tensor):
             return None
     seg, off = found
     bits = tensor.requires_grad | tensor.is_conj() << 1 | tensor.is_neg() << 2
+    if bits & ~_packed_bits[code]:
+        return None
     return _packed_struct(ndim).pack(
         off, n, tensor.storage_offset(), code, ndim, bits, *tensor.size(),
         *tensor.stride()), (seg,)
@@ -332,7 +341,7 @@ def unpack_tensor(payload, segments):
     fields = _packed_struct(ndim).unpack(payload)
     off, n, offset, code, dims, bits = fields[:6]
     dtype = _packed_dtypes[code] if code < len(_packed_dtypes) else None
-    if dtype is None or dims != ndim or bits & ~7:
+    if dtype is None or dims != ndim or bits & ~_packed_bits[code]:
         raise _malformed("with bad fields")
     seg = segments[0]
     esize = _element_size(dtype)

@@ -247,7 +247,10 @@ def _request(request, retry=False, life=None):
     global _zygote
     # Pickled first: a request that cannot be pickled is the caller's
     # error, and leaves the connection as it was.
-    buf = reduction.ForkingPickler.dumps(request)
+    # (bytes: dumps() gives a view of a BytesIO, which an interrupt's
+    # traceback would keep in a cycle that the collector then breaks
+    # with a BufferError.)
+    buf = bytes(reduction.ForkingPickler.dumps(request))
     interrupted = None
     with _lock:
         for attempt in (0, 1):
