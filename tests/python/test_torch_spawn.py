@@ -545,26 +545,41 @@ def _late_write(rank, path):
         f.write("done")
 
 
-def _start_a_set_and_return(rank, path, daemon):
-    tshm.torch.spawn(_late_write, args=(path,), nprocs=1, join=False,
-                     daemon=daemon, start_method="fork")
+def _start_a_set_and_return(rank, path, daemon, by):
+    def start():
+        if by == "thread":          # after fn returned
+            time.sleep(0.3)
+        ctx = tshm.torch.spawn(_late_write, args=(path,), nprocs=1,
+                               join=False, daemon=daemon,
+                               start_method="fork")
+        with open(f"{path}.pid", "w") as f:
+            f.write(str(ctx.pids()[0]))
+    if by == "thread":
+        import threading
+        threading.Thread(target=start).start()
+        return
+    start()
     while not os.path.exists(f"{path}.started"):
         time.sleep(0.01)
 
 
+@pytest.mark.parametrize("by", ["fn", "thread"])
 @pytest.mark.parametrize("daemon", [False, True],
                          ids=["non-daemonic", "daemonic"])
 @pytest.mark.parametrize("method", METHODS)
-def test_workers_wait_for_the_sets_they_started(tmp_path, method, daemon):
+def test_workers_wait_for_the_sets_they_started(tmp_path, method, daemon,
+                                                by):
     """A worker whose fn returns with a set of its own still running
     (spawn(join=False)) ends as a Python program does: after the set's
-    workers, or having terminated them if they are daemonic.  A forked
-    worker leaves with _exit(), which runs no atexit handler."""
+    workers, or having terminated them if they are daemonic; also one
+    that a non-daemon thread of the worker started after fn returned (a
+    program waits for its threads, then runs its exit handlers).  A
+    forked worker leaves with _exit(), which runs no atexit handler."""
     path = str(tmp_path / "nested")
-    tshm.torch.spawn(_start_a_set_and_return, args=(path, daemon),
+    tshm.torch.spawn(_start_a_set_and_return, args=(path, daemon, by),
                      nprocs=1, start_method=method)
-    with open(f"{path}.started") as f:
-        nested = int(f.read())
+    with open(f"{path}.pid") as f:     # (a daemonic one may have been
+        nested = int(f.read())          # terminated before it started)
     _wait_for_exit(nested)
     assert os.path.exists(f"{path}.done") == (not daemon)
 

@@ -191,6 +191,82 @@ def test_ctrl_c_taken_by_another_thread_keeps_the_zygote():
         ctx.join(60)
 
 
+def test_a_fork_meanwhile_keeps_the_callers_sigint_handler():
+    """While the main thread talks to the zygote its SIGINT handler is
+    one that defers the signal: a process another thread forks meanwhile
+    (a fork worker, a DataLoader's) gets the caller's back, or Ctrl-C
+    would never stop it."""
+    ctx = tshm.torch.spawn(_sleep, nprocs=1, join=False,
+                           start_method="forkserver")
+    mine = signal.getsignal(signal.SIGINT)
+    stop = threading.Event()
+    counts = [0, 0]
+
+    def forker():
+        while not stop.is_set():
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0 if signal.getsignal(signal.SIGINT) is mine
+                         else 7)
+            _, status = os.waitpid(pid, 0)
+            counts[os.waitstatus_to_exitcode(status) == 7] += 1
+
+    thread = threading.Thread(target=forker)
+    thread.start()
+    try:
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            assert not ctx.join(0.001)
+    finally:
+        stop.set()
+        thread.join()
+    assert counts[0] > 0
+    assert counts[1] == 0, f"{counts[1]} of {sum(counts)} forks"
+    assert signal.getsignal(signal.SIGINT) is mine
+    for p in ctx.processes:
+        p.kill()
+    with pytest.raises(ProcessExitedException):
+        ctx.join(60)
+
+
+HANDLER_USES_THE_SET = textwrap.dedent("""
+    import os, signal, threading, time
+    import tshm.torch
+
+    def sleeper(rank):
+        time.sleep(60)
+
+    if __name__ == "__main__":
+        ctx = tshm.torch.spawn(sleeper, nprocs=2, join=False,
+                               start_method="forkserver")
+
+        def handler(signo, frame):
+            for p in ctx.processes:
+                p.terminate()
+            print("handler ran", flush=True)
+
+        signal.signal(signal.SIGINT, handler)
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            ctx.join()
+        except Exception as e:
+            print(type(e).__name__, flush=True)
+""")
+
+
+def test_a_sigint_handler_may_use_the_sets(tmp_path):
+    """The caller's SIGINT handler runs with the zygote's lock released:
+    one that terminates a forkserver set's workers (a common Ctrl-C
+    handler) does, and the join sees them end.  It ran in the middle of
+    the join's request, and waited for the lock its own thread held."""
+    script = tmp_path / "handler.py"
+    script.write_text(HANDLER_USES_THE_SET)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "handler ran\nProcessExitedException\n", r.stderr
+
+
 def test_fork_while_the_zygote_lock_is_held():
     """Another thread is talking to the zygote (it holds the lock) when
     this one forks: the child starts a zygote of its own, and leaves

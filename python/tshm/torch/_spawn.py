@@ -293,23 +293,25 @@ def _forked(body, rank, board):
     """A forked worker: body(rank, board) (_forked_worker(), which loads
     fn and args, then calls _become()), then what Process._bootstrap()
     does after its target: the worker leaves with _exit(), which runs no
-    atexit handler, so what those of an ending Python process would do
-    is done here first: the sets it started itself with
-    tshm.torch.spawn(join=False) are waited for, or terminated if
-    daemonic (_context._at_exit()), its finalizers run (a Queue's feeder
-    flushes what was put, multiprocessing's children are joined), then
-    it waits for its non-daemon threads.  An exception there (sys.exit()
-    in a signal handler during the wait) is exit status 1, as in torch's
-    workers (python/src/spawn.c)."""
+    atexit handler, so what an ending Python process would do is done
+    here first, in its order: multiprocessing's finalizers run (a
+    Queue's feeder flushes what was put, its children are joined: what
+    Process._bootstrap() does after its target), it waits for its
+    non-daemon threads, then for the sets it or those threads started
+    with tshm.torch.spawn(join=False), or terminates them if daemonic
+    (_context._at_exit(), an atexit handler elsewhere).  An exception
+    there (sys.exit() in a signal handler during a wait) is exit status
+    1, as in torch's workers (python/src/spawn.c); the sets are still
+    waited for."""
     code = body(rank, board)
     try:
         try:
             try:
-                _context._at_exit()
-            finally:
                 util._exit_function()
+            finally:
+                threading._shutdown()
         finally:
-            threading._shutdown()
+            _context._at_exit()
     finally:
         _flush_std_streams()
     return code

@@ -41,14 +41,18 @@ What can go wrong, and what happens then:
   (its workers do not): a kill -INT to every process, or Ctrl-C, which
   its supervisor passes on to its group for the workers' supervisors in
   it, does not take the forkserver down;
-* an exception while a join waits for its reply (Ctrl-C): the reply is
-  read before the next request's (_Life.unread), and the zygote and its
-  sets live on; a Ctrl-C in the middle of a message is deferred until
-  it is whole (_whole());
-* an exception between any other request and its reply, or in the
-  middle of a message (another signal's handler): the reply, or the rest of the message, would be
-  taken for the next request's, so the connection is lost and the
-  zygote let go, with its running sets, as if it had died;
+* Ctrl-C: in the main thread, SIGINT's handler is deferred while the
+  lock is held (_DeferredSigint), and the caller's runs once it is
+  released, where it may use the zygote; only a join's wait for its
+  reply, and the zygote's start-up, are interrupted, and a join's reply
+  is then read before the next request's (_Life.unread): the zygote and
+  its sets live on;
+* an exception (a handler of another signal that raised) in the middle
+  of a message, or between any request but a join and its reply: the
+  reply, or the rest of the message, would be taken for the next
+  request's, so the connection is lost and the zygote let go, with its
+  running sets, as if it had died; such a handler that asks the zygote
+  anything is a RuntimeError (its thread holds the lock);
 * this process forks (another thread may be talking to the zygote,
   holding the lock): the child forgets the zygote and the lock, and
   starts its own zygote on first use;
@@ -89,10 +93,13 @@ _SERVE = ("import os, signal, sys; "
           "int(sys.argv[4]))")
 
 _lock = threading.Lock()
+_owner = None           # the thread holding _lock
 # (pid of its starter, _Procs, Connection, _Life): the zygote now.
 _zygote = None
-# In the zygote: the fd of its connection to the caller.
+# In the zygote: the fd of its connection to the caller, and one of
+# /dev/null to put in its place in a worker.
 _served = -1
+_null = -1
 
 
 class _Life:
@@ -108,57 +115,109 @@ class _Life:
         self.midway = False
 
 
-def _whole(life, unread, op, *args):
-    """op(*args), a send or a read of one message, with SIGINT's handler
-    deferred: a Ctrl-C between two writes or reads of a message would
-    leave its rest to be taken for the next one's.  unread: what the
-    message does to life.unread (+1 a request, -1 a reply).  Returns
-    (result, exception): what SIGINT's handler raised once the message
-    was whole, for the caller to raise.
+class _Interrupted(Exception):
+    """SIGINT came while a join waited for its reply (_DeferredSigint)."""
+
+
+class _DeferredSigint:
+    """SIGINT's handler in the main thread while it holds the zygote's
+    lock: one that notes the signal, so that the caller's runs once the
+    lock is released (run()).
 
     Python runs signal handlers in the main thread only, whichever thread
-    the kernel gave the signal to (any that does not block it: a mask in
-    this thread alone would only send it to torch's), so only there can
-    one raise in the middle of a message, and only there can its handler
-    be changed: for the message's time it is one that notes the signal,
-    and the caller's runs after.  (The delay is a copy's: a reply is read
-    once its data is in.)  Handlers of other signals are not deferred."""
-    handler = None
-    if threading.current_thread() is threading.main_thread():
+    the kernel gave the signal to (a mask in this thread would only send
+    it to torch's threads).  Run at once, the caller's handler could
+    raise in the middle of a message, whose rest would then be taken for
+    the next one's, and a handler that uses a forkserver set (terminates
+    its workers on Ctrl-C, say) would wait for the lock its own thread
+    holds.  The one place SIGINT interrupts is a join's wait for its
+    reply (waiting): there no message is midway, the reply is read
+    before the next request's (_Life.unread), and a Ctrl-C must not wait
+    for a set that may run for hours.  The zygote's start-up is
+    interruptible too.  A thread forked meanwhile by another thread gets
+    the caller's handler back (_after_fork_in_child())."""
+
+    def __init__(self, handler):
+        self.handler = handler
+        self.frames = []
+        self.waiting = False
+
+    def __call__(self, signo, frame):
+        self.frames.append(frame)
+        if self.waiting:
+            self.waiting = False
+            raise _Interrupted
+
+    @classmethod
+    def install(cls):
+        """One installed, or None where no Python handler of SIGINT can
+        run in this thread (another thread; SIG_IGN, SIG_DFL, C's)."""
+        global _deferred
+        if threading.current_thread() is not threading.main_thread():
+            return None
         handler = signal.getsignal(signal.SIGINT)
-    if not callable(handler):        # SIG_IGN, SIG_DFL, C's, other threads
-        life.midway = True
-        result = op(*args)
-        life.midway = False
-        life.unread += unread
-        return result, None
-    noted = []
-    signal.signal(signal.SIGINT, lambda signo, frame: noted.append(frame))
-    try:
-        life.midway = True
-        result = op(*args)
-        life.midway = False
-        life.unread += unread
-    except BaseException:
-        signal.signal(signal.SIGINT, handler)
-        if noted:                      # the Ctrl-C, on top of the failure
-            handler(signal.SIGINT, noted[0])
-        raise
-    signal.signal(signal.SIGINT, handler)
-    if noted:
+        if not callable(handler):
+            return None
+        self = cls(handler)
+        _deferred = self
         try:
-            handler(signal.SIGINT, noted[0])
-        except BaseException as e:     # the Ctrl-C deferred
-            return result, e
-    return result, None
+            signal.signal(signal.SIGINT, self)
+        except BaseException:
+            _deferred = None
+            raise
+        return self
+
+    def restore(self):
+        """The caller's handler back.  signal.signal() first runs the
+        handlers of signals that came: one of another signal that raises
+        must not leave SIGINT deferred for good."""
+        global _deferred
+        raised = None
+        while True:
+            try:
+                signal.signal(signal.SIGINT, self.handler)
+                break
+            except BaseException as e:
+                raised = e
+        _deferred = None
+        if raised is not None:
+            raise raised
+
+    def run(self):
+        """The caller's handler, once, for the SIGINT that came first."""
+        if self.frames:
+            self.handler(signal.SIGINT, self.frames[0])
+
+
+# The main thread's SIGINT handler while it holds the zygote's lock.
+_deferred = None
+
+
+def _whole(life, unread, op, *args):
+    """op(*args), a send or a read of one message, which leaves the
+    connection in step only if it completes: life.midway meanwhile (an
+    exception then loses the connection), and unread counted when it did
+    (+1 a request, -1 a reply).  SIGINT is deferred meanwhile
+    (_DeferredSigint); a handler of another signal that raises is not."""
+    life.midway = True
+    result = op(*args)
+    life.midway = False
+    life.unread += unread
+    return result
 
 
 def _after_fork_in_child():
     # Another thread may have held the lock, talking to the zygote: that
     # thread does not exist here.  The zygote is the parent's.
-    global _lock, _zygote
+    global _lock, _owner, _zygote, _deferred
     _lock = threading.Lock()
+    _owner = None
     _zygote = None
+    # Forked by another thread while the main one held the lock: SIGINT's
+    # handler is the caller's again.
+    if _deferred is not None:
+        signal.signal(signal.SIGINT, _deferred.handler)
+        _deferred = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -169,8 +228,10 @@ class ZygoteLost(Exception):
     signo, message, summary) of the zygote, as _Procs.join() says."""
 
 
-def _start():
-    """A new zygote: (its _Procs, Connection) once it is up."""
+def _start(sigint=None):
+    """A new zygote: (its _Procs, Connection) once it is up.  sigint: the
+    _DeferredSigint that may interrupt the wait for it (_Interrupted),
+    which lets it go."""
     mine, theirs = socket.socketpair()
     log = os.memfd_create("tshm-zygote-stderr", os.MFD_CLOEXEC)
     try:
@@ -191,8 +252,20 @@ def _start():
         theirs.close()
         conn = connection.Connection(mine.detach())
         try:
+            if sigint is not None:
+                sigint.waiting = True
             conn.recv()                 # ("ok", pid) once it is up
-        except (OSError, EOFError):
+            if sigint is not None:
+                sigint.waiting = False
+        except BaseException as e:
+            if sigint is not None:
+                sigint.waiting = False
+            if not isinstance(e, (OSError, EOFError)):
+                conn.close()            # interrupted: it is let go
+                procs.terminate()
+                procs.join()
+                procs.close()
+                raise
             conn.close()
             res = procs.join(10)
             procs.close()
@@ -233,85 +306,121 @@ def _forget():
     return res
 
 
+#: A join's reply that an interrupt kept it from waiting for, where the
+#: caller's SIGINT handler did not raise: the join goes on.
+NO_REPLY = object()
+
+
 def _ask(request, retry=False, life=None):
     """The zygote's answer to request; retry: once more with a new zygote
     if this one is gone (a spawn: nothing was started for it that
     outlives the old zygote); life: only the zygote of that life may
     answer (a request about one of its sets: never start a zygote for
-    it).  Raises ZygoteLost."""
+    it).  Raises ZygoteLost.  A join may answer NO_REPLY."""
     return _request(request, retry, life)[0]
 
 
 def _request(request, retry=False, life=None):
     """_ask(), and the life of the zygote that answered."""
-    global _zygote
+    global _owner
     # Pickled first: a request that cannot be pickled is the caller's
-    # error, and leaves the connection as it was.
-    # (bytes: dumps() gives a view of a BytesIO, which an interrupt's
-    # traceback would keep in a cycle that the collector then breaks
-    # with a BufferError.)
+    # error, and leaves the connection as it was.  (bytes: dumps() gives
+    # a view of a BytesIO, which an interrupt's traceback would keep in
+    # a cycle that the collector then breaks with a BufferError.)
     buf = bytes(reduction.ForkingPickler.dumps(request))
-    interrupted = None
-    with _lock:
-        for attempt in (0, 1):
-            # (A fork that ran no at-fork handlers: not this one's.)
-            if _zygote is not None and _zygote[0] != os.getpid():
-                _zygote = None
-            if life is not None and (_zygote is None or
-                                     _zygote[3] is not life):
-                # Its zygote is gone (or is another process's).
-                raise ZygoteLost(*(life.ended or (0, 0, -1, 0, "", "")))
-            if _zygote is None:
-                _zygote = (os.getpid(), *_start(), _Life())
-            conn, answered = _zygote[2], _zygote[3]
-            try:
-                while answered.unread:
-                    _, interrupted = _whole(answered, -1, conn.recv)
-                    if interrupted is not None:
-                        break             # raised below; nothing sent
-                if interrupted is not None:
-                    break
-                _, late = _whole(answered, 1, conn.send_bytes, buf)
-                if late is not None:
-                    if request[0] != "join":
-                        raise late        # a set started unseen: lost below
-                    interrupted = late    # its reply read before the next
-                    break
+    me = threading.get_ident()
+    if _owner == me:
+        # A handler of another signal, run while this thread talks to
+        # the zygote: waiting for the lock would never end.
+        raise RuntimeError(
+            "tshm.torch.spawn: a forkserver request from a signal handler "
+            "that interrupted another one in the same thread")
+    while True:
+        failure = None
+        # Before the lock: a SIGINT that came runs the caller's handler
+        # here, where it may use the zygote.
+        sigint = _DeferredSigint.install()
+        try:
+            with _lock:
+                _owner = me
                 try:
-                    connection.wait([conn])
+                    answer = _exchange(request, buf, retry, life, sigint)
                 except BaseException as e:
-                    if request[0] != "join":
-                        raise       # a set started unseen: lost below
-                    # Nothing of the reply read: the next request reads
-                    # it first, and the zygote and its sets live on.
-                    interrupted = e
-                    break
-                (status, value), late = _whole(answered, -1, conn.recv)
-                if late is not None:
-                    if request[0] != "join":
-                        raise late        # a set started unseen: lost below
-                    interrupted = late    # a join's answer: asked again
-                break
-            except (OSError, EOFError):
-                res = _forget()
-                if not retry or attempt:
-                    raise ZygoteLost(*(res or (0, 0, -1, 0, "", ""))) \
-                        from None
-            except BaseException:
-                # In the middle of a message (a signal handler that
-                # raised while one was half sent or half read): its rest
-                # would be taken for the next one's.  The connection is
-                # lost, and the zygote with it.  Between messages, what
-                # a request waits for is counted in unread.
-                if answered.midway or request[0] != "join":
-                    _forget()
+                    failure = e
+                finally:
+                    _owner = None
+        finally:
+            if sigint is not None:
+                sigint.restore()
+        # The lock released: the caller's handler may use the zygote.
+        if sigint is not None:
+            try:
+                sigint.run()
+            except BaseException as e:
+                if failure is not None and \
+                        not isinstance(failure, _Interrupted):
+                    raise e from failure
                 raise
-    if interrupted is not None:
-        raise interrupted
+        if failure is None:
+            break
+        if not isinstance(failure, _Interrupted):
+            raise failure
+        # Interrupted, and the handler did not raise: a join goes on
+        # (its reply is read before the next request's); a request whose
+        # zygote was starting is asked again.
+        if request[0] == "join":
+            return NO_REPLY, None
+    status, value, answered = answer
     if status != "ok":
         raise RuntimeError(f"tshm.torch.spawn: the forkserver zygote "
                            f"failed a request: {value}")
     return value, answered
+
+
+def _exchange(request, buf, retry, life, sigint):
+    """_request()'s part under the lock: (status, value, life of the
+    zygote that answered)."""
+    global _zygote
+    for attempt in (0, 1):
+        # (A fork that ran no at-fork handlers: not this one's.)
+        if _zygote is not None and _zygote[0] != os.getpid():
+            _zygote = None
+        if life is not None and (_zygote is None or
+                                 _zygote[3] is not life):
+            # Its zygote is gone (or is another process's).
+            raise ZygoteLost(*(life.ended or (0, 0, -1, 0, "", "")))
+        if _zygote is None:
+            _zygote = (os.getpid(), *_start(sigint), _Life())
+        conn, answered = _zygote[2], _zygote[3]
+        try:
+            while answered.unread:
+                _whole(answered, -1, conn.recv)
+            _whole(answered, 1, conn.send_bytes, buf)
+            if sigint is not None and request[0] == "join":
+                sigint.waiting = True
+            try:
+                connection.wait([conn])
+            finally:
+                if sigint is not None:
+                    sigint.waiting = False
+            status, value = _whole(answered, -1, conn.recv)
+            return status, value, answered
+        except (OSError, EOFError):
+            res = _forget()
+            if not retry or attempt:
+                raise ZygoteLost(*(res or (0, 0, -1, 0, "", ""))) \
+                    from None
+        except BaseException as e:
+            # A join interrupted while it waited for its reply: nothing of
+            # the reply read, the next request reads it first, and the
+            # zygote and its sets live on.  Else (a handler of another
+            # signal that raised in the middle of a message, or between a
+            # spawn and its reply) the reply, or the rest of the message,
+            # would be taken for the next one's: the connection is lost,
+            # and the zygote with it.
+            if answered.midway or request[0] != "join":
+                _forget()
+            raise e
 
 
 class ZygoteProcs:
@@ -339,7 +448,8 @@ class ZygoteProcs:
             left = JOIN_SLICE if end is None else \
                 max(0.0, min(JOIN_SLICE, end - time.monotonic()))
             try:
-                res, tb = _ask(("join", self._key, left), life=self._life)
+                reply = _ask(("join", self._key, left), life=self._life)
+                res, tb = (False, "") if reply is NO_REPLY else reply
             except ZygoteLost as e:
                 # Its workers died with it: the set failed, as torch's
                 # ProcessExitedException says (rank 0, the zygote's pid).
@@ -413,9 +523,9 @@ def _run(prep, call, who, environ, board, rank):
     # (EOF) while the worker lives, and could write into it.  /dev/null in
     # its place: the zygote's Connection object, copied here, still names
     # that fd number.
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    os.dup2(null, _served, inheritable=False)
-    os.close(null)
+    if _served >= 0:
+        os.dup2(_null, _served, inheritable=False)
+        os.close(_null)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # The caller's environment of this spawn(), with the thread budget
     # the library set in this fork's C environment.
@@ -466,7 +576,8 @@ def _serve(fd, log, stderr, tracker, pgid):
     until it is up, stderr its own stderr, tracker the caller's
     multiprocessing resource tracker (its workers use it), pgid the
     caller's process group."""
-    global _served
+    global _served, _null
+    _null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     _served = fd
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Into the caller's process group, out of the one libtshm made for it
