@@ -191,6 +191,7 @@ def test_ctrl_c_taken_by_another_thread_keeps_the_zygote():
         ctx.join(60)
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded")
 def test_a_fork_meanwhile_keeps_the_callers_sigint_handler():
     """While the main thread talks to the zygote its SIGINT handler is
     one that defers the signal: a process another thread forks meanwhile
