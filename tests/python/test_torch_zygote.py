@@ -230,6 +230,52 @@ def test_a_fork_meanwhile_keeps_the_callers_sigint_handler():
         ctx.join(60)
 
 
+def test_ctrl_c_interrupts_a_wait_for_another_threads_request():
+    """While another thread talks to the zygote (a close's grace period,
+    a long start-up), the main thread waits for the lock: Ctrl-C there
+    raises at once, not once the other request is done."""
+    ctx = tshm.torch.spawn(_sleep, nprocs=1, join=False,
+                           start_method="forkserver")
+    held, release, freed = (threading.Event(), threading.Event(),
+                            threading.Event())
+
+    def hold():
+        with _zygote._lock:
+            held.set()
+            release.wait(20)
+        freed.set()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(60)
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            ctx.join()
+        assert not freed.is_set(), "raised only once the lock was free"
+    finally:
+        release.set()
+        holder.join()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    for p in ctx.processes:
+        p.kill()
+    with pytest.raises(ProcessExitedException):
+        ctx.join(60)
+
+
+def test_a_deferring_handler_left_behind_is_undone():
+    """A handler of another signal that raises at every turn can break
+    off the restore of the caller's SIGINT handler: the next request puts
+    it back, or Ctrl-C would never raise again."""
+    _zygote_pid()
+    mine = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, _zygote._DeferredSigint(mine))
+    ctx = tshm.torch.spawn(_noop, nprocs=1, start_method="forkserver",
+                           join=False)
+    assert ctx.join(60)
+    assert signal.getsignal(signal.SIGINT) is mine
+
+
 HANDLER_USES_THE_SET = textwrap.dedent("""
     import os, signal, threading, time
     import tshm.torch

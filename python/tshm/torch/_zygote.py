@@ -79,6 +79,8 @@ from .._tshm import _Procs
 from . import _spawn
 
 JOIN_SLICE = 0.2
+#: How often a main thread waiting for another's request checks for Ctrl-C.
+LOCK_POLL = 0.05
 #: How much of a zygote's start-up stderr a failure to come up shows.
 STDERR_SHOWN = 16 * 1024
 # The zygote's stderr goes to a memfd until it is up: if it cannot come
@@ -133,8 +135,8 @@ class _DeferredSigint:
     holds.  The one place SIGINT interrupts is a join's wait for its
     reply (waiting): there no message is midway, the reply is read
     before the next request's (_Life.unread), and a Ctrl-C must not wait
-    for a set that may run for hours.  The zygote's start-up is
-    interruptible too.  A thread forked meanwhile by another thread gets
+    for a set that may run for hours.  The zygote's start-up, and the
+    wait for the lock (polled), are interruptible too.  A thread forked meanwhile by another thread gets
     the caller's handler back (_after_fork_in_child())."""
 
     def __init__(self, handler):
@@ -148,6 +150,12 @@ class _DeferredSigint:
             self.waiting = False
             raise _Interrupted
 
+    def wait(self):
+        """A wait that SIGINT may interrupt begins: at once if one came."""
+        if self.frames:
+            raise _Interrupted
+        self.waiting = True
+
     @classmethod
     def install(cls):
         """One installed, or None where no Python handler of SIGINT can
@@ -156,6 +164,10 @@ class _DeferredSigint:
         if threading.current_thread() is not threading.main_thread():
             return None
         handler = signal.getsignal(signal.SIGINT)
+        while isinstance(handler, _DeferredSigint):
+            # One whose restore() a handler of another signal broke off
+            # (raising at every turn of its loop): the caller's is its.
+            handler = handler.handler
         if not callable(handler):
             return None
         self = cls(handler)
@@ -163,21 +175,25 @@ class _DeferredSigint:
         try:
             signal.signal(signal.SIGINT, self)
         except BaseException:
-            _deferred = None
+            self.restore()      # (it may have been installed)
             raise
         return self
 
     def restore(self):
-        """The caller's handler back.  signal.signal() first runs the
-        handlers of signals that came: one of another signal that raises
+        """The caller's handler back.  signal.signal() runs the handlers
+        of signals that came, before it installs one and after (the
+        enum made of what it returns): one of another signal that raises
         must not leave SIGINT deferred for good."""
         global _deferred
         raised = None
         while True:
             try:
-                signal.signal(signal.SIGINT, self.handler)
-                break
-            except BaseException as e:
+                try:
+                    signal.signal(signal.SIGINT, self.handler)
+                    break
+                except BaseException as e:
+                    raised = e
+            except BaseException as e:      # another, in the except clause
                 raised = e
         _deferred = None
         if raised is not None:
@@ -253,7 +269,7 @@ def _start(sigint=None):
         conn = connection.Connection(mine.detach())
         try:
             if sigint is not None:
-                sigint.waiting = True
+                sigint.wait()
             conn.recv()                 # ("ok", pid) once it is up
             if sigint is not None:
                 sigint.waiting = False
@@ -341,14 +357,27 @@ def _request(request, retry=False, life=None):
         # here, where it may use the zygote.
         sigint = _DeferredSigint.install()
         try:
-            with _lock:
+            if sigint is None:
+                _lock.acquire()
+            else:
+                # Another thread may hold the lock a while (a join's
+                # slice, a close's grace period, a zygote's start-up): a
+                # SIGINT interrupts the wait for it.  Polled: the handler
+                # must not raise once the lock is taken.
+                while not _lock.acquire(timeout=LOCK_POLL):
+                    if sigint.frames:
+                        raise _Interrupted
+        except BaseException as e:
+            failure = e             # the lock not taken
+        else:
+            try:
                 _owner = me
-                try:
-                    answer = _exchange(request, buf, retry, life, sigint)
-                except BaseException as e:
-                    failure = e
-                finally:
-                    _owner = None
+                answer = _exchange(request, buf, retry, life, sigint)
+            except BaseException as e:
+                failure = e
+            finally:
+                _owner = None
+                _lock.release()
         finally:
             if sigint is not None:
                 sigint.restore()
@@ -396,9 +425,9 @@ def _exchange(request, buf, retry, life, sigint):
             while answered.unread:
                 _whole(answered, -1, conn.recv)
             _whole(answered, 1, conn.send_bytes, buf)
-            if sigint is not None and request[0] == "join":
-                sigint.waiting = True
             try:
+                if sigint is not None and request[0] == "join":
+                    sigint.wait()
                 connection.wait([conn])
             finally:
                 if sigint is not None:
