@@ -66,6 +66,7 @@ What can go wrong, and what happens then:
   is a RuntimeError with what it wrote to stderr.
 """
 
+import contextlib
 import os
 import pickle
 import signal
@@ -136,8 +137,9 @@ class _DeferredSigint:
     reply (waiting): there no message is midway, the reply is read
     before the next request's (_Life.unread), and a Ctrl-C must not wait
     for a set that may run for hours.  The zygote's start-up, and the
-    wait for the lock (polled), are interruptible too.  A thread forked meanwhile by another thread gets
-    the caller's handler back (_after_fork_in_child())."""
+    wait for the lock (polled), are interruptible too.  A process that
+    another thread forks meanwhile gets the caller's handler back
+    (_after_fork_in_child())."""
 
     def __init__(self, handler):
         self.handler = handler
@@ -150,11 +152,17 @@ class _DeferredSigint:
             self.waiting = False
             raise _Interrupted
 
-    def wait(self):
-        """A wait that SIGINT may interrupt begins: at once if one came."""
+    @contextlib.contextmanager
+    def interruptible(self):
+        """A wait that SIGINT interrupts (_Interrupted), at once if one
+        came already."""
         if self.frames:
             raise _Interrupted
         self.waiting = True
+        try:
+            yield
+        finally:
+            self.waiting = False
 
     @classmethod
     def install(cls):
@@ -207,6 +215,8 @@ class _DeferredSigint:
 
 # The main thread's SIGINT handler while it holds the zygote's lock.
 _deferred = None
+# A wait that SIGINT does not interrupt.
+_NO_WAIT = contextlib.nullcontext()
 
 
 def _whole(life, unread, op, *args):
@@ -268,14 +278,9 @@ def _start(sigint=None):
         theirs.close()
         conn = connection.Connection(mine.detach())
         try:
-            if sigint is not None:
-                sigint.wait()
-            conn.recv()                 # ("ok", pid) once it is up
-            if sigint is not None:
-                sigint.waiting = False
+            with sigint.interruptible() if sigint else _NO_WAIT:
+                conn.recv()             # ("ok", pid) once it is up
         except BaseException as e:
-            if sigint is not None:
-                sigint.waiting = False
             if not isinstance(e, (OSError, EOFError)):
                 conn.close()            # interrupted: it is let go
                 procs.terminate()
@@ -425,13 +430,9 @@ def _exchange(request, buf, retry, life, sigint):
             while answered.unread:
                 _whole(answered, -1, conn.recv)
             _whole(answered, 1, conn.send_bytes, buf)
-            try:
-                if sigint is not None and request[0] == "join":
-                    sigint.wait()
+            with sigint.interruptible() if sigint and \
+                    request[0] == "join" else _NO_WAIT:
                 connection.wait([conn])
-            finally:
-                if sigint is not None:
-                    sigint.waiting = False
             status, value = _whole(answered, -1, conn.recv)
             return status, value, answered
         except (OSError, EOFError):
