@@ -56,6 +56,11 @@ def dataloader(strategy, count):
     except Exception as e:
         print(f"{strategy}: failed after {n} batches: "
               f"{type(e).__name__}: {e}", flush=True)
+        # A worker's error comes with its traceback: its last line says
+        # why (torch 2.x: shm allocation refused; 1.13: worker died).
+        lines = str(e).strip().splitlines()
+        if len(lines) > 1:
+            print(f"{strategy}: cause: {lines[-1]}", flush=True)
         return 1
     print(f"{strategy}: delivered {n} of {count} batches intact",
           flush=True)
