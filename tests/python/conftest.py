@@ -9,6 +9,7 @@ the host (make check sets TSHM_BACKEND=memfd), the module in the VM.
 import gc
 import os
 import re
+import signal
 import time
 
 import pytest
@@ -16,6 +17,12 @@ import pytest
 import tshm
 
 IN_VM = "TSHM_MODULE" in os.environ  # set by scripts/vm-run
+
+# A shell starts its background jobs with SIGINT ignored, and an ignored
+# signal stays ignored across exec: the Ctrl-C tests need it as a
+# terminal delivers it, here and in the processes they start.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def backend():

@@ -263,17 +263,24 @@ def test_ctrl_c_interrupts_a_wait_for_another_threads_request():
         ctx.join(60)
 
 
-def test_a_deferring_handler_left_behind_is_undone():
+@pytest.mark.parametrize("mine", ["python", "SIG_IGN", "SIG_DFL"])
+def test_a_deferring_handler_left_behind_is_undone(mine):
     """A handler of another signal that raises at every turn can break
     off the restore of the caller's SIGINT handler: the next request puts
-    it back, or Ctrl-C would never raise again."""
+    it back, or Ctrl-C would never raise again; a caller's SIG_IGN (a
+    shell's background job) or SIG_DFL too, which no deferring handler
+    wraps otherwise."""
     _zygote_pid()
-    mine = signal.getsignal(signal.SIGINT)
+    before = signal.getsignal(signal.SIGINT)
+    mine = before if mine == "python" else getattr(signal, mine)
     signal.signal(signal.SIGINT, _zygote._DeferredSigint(mine))
-    ctx = tshm.torch.spawn(_noop, nprocs=1, start_method="forkserver",
-                           join=False)
-    assert ctx.join(60)
-    assert signal.getsignal(signal.SIGINT) is mine
+    try:
+        ctx = tshm.torch.spawn(_noop, nprocs=1, start_method="forkserver",
+                               join=False)
+        assert ctx.join(60)
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 HANDLER_USES_THE_SET = textwrap.dedent("""

@@ -172,11 +172,14 @@ class _DeferredSigint:
         if threading.current_thread() is not threading.main_thread():
             return None
         handler = signal.getsignal(signal.SIGINT)
+        leaked = isinstance(handler, _DeferredSigint)
         while isinstance(handler, _DeferredSigint):
             # One whose restore() a handler of another signal broke off
             # (raising at every turn of its loop): the caller's is its.
             handler = handler.handler
         if not callable(handler):
+            if leaked:          # the caller's SIG_IGN or SIG_DFL back
+                cls(handler).restore()
             return None
         self = cls(handler)
         _deferred = self
