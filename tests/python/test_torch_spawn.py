@@ -45,7 +45,8 @@ def alive(pid):
 
 def failed_pid(err):
     """The failed worker's pid in torch's exception: torch 1.13 keeps it
-    as err.pid, torch 2.11 (the GPU machine's) as err.error_pid."""
+    as err.pid; torch 2.11 (the GPU machine's) has no pid attribute, and
+    error_pid is the name its __slots__ give (not yet seen run there)."""
     for name in ("error_pid", "pid"):
         if hasattr(err, name):
             return getattr(err, name)

@@ -267,9 +267,9 @@ def test_ctrl_c_interrupts_a_wait_for_another_threads_request():
 def test_a_deferring_handler_left_behind_is_undone(mine):
     """A handler of another signal that raises at every turn can break
     off the restore of the caller's SIGINT handler: the next request puts
-    it back, or Ctrl-C would never raise again; a caller's SIG_IGN (a
-    shell's background job) or SIG_DFL too, which no deferring handler
-    wraps otherwise."""
+    it back, or Ctrl-C would never raise again.  SIG_IGN and SIG_DFL:
+    install() never wraps them, but one made by hand over them (this
+    test's, in a suite started with SIGINT ignored) is undone too."""
     _zygote_pid()
     before = signal.getsignal(signal.SIGINT)
     mine = before if mine == "python" else getattr(signal, mine)

@@ -178,7 +178,9 @@ class _DeferredSigint:
             # (raising at every turn of its loop): the caller's is its.
             handler = handler.handler
         if not callable(handler):
-            if leaked:          # the caller's SIG_IGN or SIG_DFL back
+            # (Never one install() made, which wraps only callables;
+            # one made by hand: what it wraps goes back all the same.)
+            if leaked:
                 cls(handler).restore()
             return None
         self = cls(handler)
