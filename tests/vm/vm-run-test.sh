@@ -13,7 +13,7 @@ eval "$("$top/scripts/setup-deps" --print-env)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-ktap_plan 9
+ktap_plan 11
 
 # 1. COMMAND's exit status is vm-run's, with no terminal and no stdin.
 setsid "$vm" --no-module -- sh -c 'exit 7' < /dev/null > "$tmp/out" 2>&1
@@ -93,5 +93,34 @@ if [ -r "$B/kmod-6.12/tshm.ko" ]; then
 	fi
 else
 	ktap_skip "--kernel 6.12" "module for 6.12 not built"
+fi
+# 10. A kernel that panics as it boots, before our /init, is booted again
+# once, and says so; the second boot's result is the run's.
+TSHM_VM_TEST_BOOT_PANICS=1 "$vm" --no-module -- sh -c 'exit 5' \
+	> "$tmp/out" 2>&1
+rc=$?
+if [ "$rc" = 5 ] && grep -q 'panicked while booting' "$tmp/out" &&
+   grep -q 'booting again, once' "$tmp/out"; then
+	ktap_ok "a boot that panics before /init is tried again once"
+else
+	ktap_fail "a boot that panics before /init is tried again" \
+		"rc=$rc: $(tail -n 20 "$tmp/out")"
+fi
+
+# 11. Twice is a failure with the excerpt; and a panic after /init (what
+# COMMAND makes, here through sysrq) is never tried again.
+TSHM_VM_TEST_BOOT_PANICS=2 "$vm" --no-module -- true > "$tmp/out" 2>&1
+rc1=$?
+"$vm" --no-module -- sh -c 'echo c > /proc/sysrq-trigger' \
+	> "$tmp/out2" 2>&1
+rc2=$?
+if [ "$rc1" = 1 ] && [ "$(grep -c 'booting again' "$tmp/out")" = 1 ] &&
+   grep -q 'vm-run: | .*Kernel panic' "$tmp/out" &&
+   [ "$rc2" = 1 ] && ! grep -q 'booting again' "$tmp/out2" &&
+   grep -q 'vm-run: | .*Kernel panic' "$tmp/out2"; then
+	ktap_ok "a second boot panic, or one after /init, fails the run"
+else
+	ktap_fail "a second boot panic, or one after /init, fails the run" \
+		"rc1=$rc1 rc2=$rc2: $(tail -n 8 "$tmp/out"; tail -n 8 "$tmp/out2")"
 fi
 ktap_done
