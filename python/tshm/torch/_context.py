@@ -342,8 +342,10 @@ class ProcessContext:
         self._done = False
         self._error = None        # what join() raised: it raises it again
         # One joiner at a time: the one that sees the end closes the set,
-        # which must not be freed under another's wait.
-        self._lock = threading.Lock()
+        # which must not be freed under another's wait.  An RLock: it
+        # knows its owner, so that join() releases it whatever a signal
+        # handler raised where (see there).
+        self._lock = threading.RLock()
         # Held to read a status or to close the set; never for a wait.
         self._state = threading.Lock()
         self._final = None        # every rank's exit code, once closed
@@ -415,18 +417,34 @@ class ProcessContext:
         is accepted and changes nothing: the set terminates the others
         itself, at the first failure (SIGTERM, then SIGKILL after 3 s)."""
         del grace_period
-        if timeout is None:
-            locked = self._lock.acquire()
-        else:
-            end = time.monotonic() + timeout
-            locked = self._lock.acquire(timeout=max(0.0, timeout))
-            timeout = max(0.0, end - time.monotonic())
-        if not locked:
-            return False
+        if self._lock._is_owned():
+            # A signal handler that interrupted this thread's join: the
+            # set is mid-wait below it, and must not be closed there.
+            raise RuntimeError("join() of a spawn context from a signal "
+                               "handler that interrupted its join in the "
+                               "same thread")
         try:
+            if timeout is None:
+                self._lock.acquire()
+            else:
+                end = time.monotonic() + timeout
+                if not self._lock.acquire(timeout=max(0.0, timeout)):
+                    return False
+                timeout = max(0.0, end - time.monotonic())
             return self._join(timeout)
         finally:
-            self._lock.release()
+            # Held unless the acquire timed out or never returned.  Not
+            # "locked = acquire()" and "if locked: release()": a signal
+            # handler's exception (Ctrl-C) can come after the acquire,
+            # before the result is stored, or after a check, before the
+            # release, and a lock left held makes every later join, and
+            # the one at exit, wait for ever.  An RLock's release() is
+            # that check and the release in one call: RuntimeError when
+            # this thread does not hold it.
+            try:
+                self._lock.release()
+            except RuntimeError:
+                pass
 
     def _join(self, timeout):
         if self._done:
