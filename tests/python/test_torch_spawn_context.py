@@ -375,7 +375,7 @@ JOIN_STORM = textwrap.dedent("""
                 armed = False
                 raised += 1
         signal.setitimer(signal.ITIMER_REAL, 0)
-        print(raised > 100, ctx.join(30), flush=True)
+        print(raised > 100, ctx.join(10), flush=True)
 """)
 
 
@@ -389,5 +389,46 @@ def test_a_join_interrupted_anywhere_leaves_no_lock_held(tmp_path):
     script = tmp_path / "storm.py"
     script.write_text(JOIN_STORM)
     res = subprocess.run([sys.executable, str(script)], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=90)
     assert (res.returncode, res.stdout) == (0, "True True\n"), res.stderr
+
+
+def _sleep_1(rank):
+    time.sleep(1)
+
+
+def test_a_join_from_a_handler_that_interrupted_a_join():
+    """A join from a signal handler that interrupted this thread's join
+    times out at once, or without a timeout raises (it waited for ever);
+    another thread's join times out while this one's runs, takes nothing
+    from it, and sees the end after."""
+    ctx = tshm.torch.spawn(_sleep_1, nprocs=1, join=False,
+                           start_method="fork")
+    seen = []
+
+    def alarm(signo, frame):
+        seen.append(ctx.join(0))
+        try:
+            ctx.join()
+        except RuntimeError as e:
+            seen.append(str(e))
+        other = []
+        t = threading.Thread(target=lambda: other.append(ctx.join(0.05)))
+        t.start()
+        t.join()
+        seen.extend(other)
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        assert ctx.join() is True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert seen[0] is False and seen[2] is False, seen
+    assert "interrupted its join in the same thread" in seen[1]
+    got = []
+    t = threading.Thread(target=lambda: got.append(ctx.join(1)))
+    t.start()
+    t.join()
+    assert got == [True]

@@ -34,7 +34,7 @@ SMALL_MAX = 64 * 1024
 ARENA_SIZE = 1024 * 1024
 _ALIGN = 64
 
-_lock = threading.Lock()      # guards _current; no finalizer takes it
+_lock = threading.RLock()      # guards _current; no finalizer takes it
 _current = None               # the arena new slices are cut from
 
 
@@ -101,18 +101,24 @@ def retire_current():
 
 
 def _before_fork():
+    # A handler may raise before or as the lock is taken: the fork goes
+    # on (an at-fork hook's exception is only reported), and the parent
+    # then releases only a lock this thread holds, never another's.
     _lock.acquire()
 
 
 def _after_fork_parent():
     global _current
     _current = None
-    _lock.release()
+    try:
+        _lock.release()     # RuntimeError: this thread does not hold it
+    except RuntimeError:
+        pass
 
 
 def _after_fork_child():
     global _lock, _current
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     _current = None
 
 

@@ -419,7 +419,11 @@ class ProcessContext:
         del grace_period
         if self._lock._is_owned():
             # A signal handler that interrupted this thread's join: the
-            # set is mid-wait below it, and must not be closed there.
+            # set is mid-wait below it, and must not be closed there.  A
+            # join with a timeout times out, as it did when it waited for
+            # the lock; one without would wait for ever.
+            if timeout is not None:
+                return False
             raise RuntimeError("join() of a spawn context from a signal "
                                "handler that interrupted its join in the "
                                "same thread")
@@ -434,13 +438,17 @@ class ProcessContext:
             return self._join(timeout)
         finally:
             # Held unless the acquire timed out or never returned.  Not
-            # "locked = acquire()" and "if locked: release()": a signal
-            # handler's exception (Ctrl-C) can come after the acquire,
-            # before the result is stored, or after a check, before the
-            # release, and a lock left held makes every later join, and
-            # the one at exit, wait for ever.  An RLock's release() is
-            # that check and the release in one call: RuntimeError when
-            # this thread does not hold it.
+            # "locked = acquire()", then "if locked: release()": a signal
+            # handler's exception (Ctrl-C) can come as the acquire
+            # returns, before the result is stored, or after a check,
+            # before the release, and a lock left held makes every later
+            # join, and the one at exit, wait for ever.  An RLock's
+            # release() is that check and the release in one call
+            # (RuntimeError when this thread does not hold it), made
+            # here, not in a function of ours: handlers also run as a
+            # Python function is entered.  (Python 3.10 and later run
+            # handlers only at calls and backward jumps; 3.9 between
+            # most instructions, where no Python code can close the gap.)
             try:
                 self._lock.release()
             except RuntimeError:

@@ -55,7 +55,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import _alloc
 
-_lock = threading.Lock()   # guards the table and claims; no finalizer
+_lock = threading.RLock()   # guards the table and claims; no finalizer
 _mirrors = {}              # old storage's _cdata -> _Mirror
 _prune_at = 64             # prune dead entries when the table grows past this
 
@@ -181,18 +181,24 @@ def storage_for(tensor, old):
 
 
 def _before_fork():
+    # A handler may raise before or as the lock is taken: the fork goes
+    # on (an at-fork hook's exception is only reported), and the parent
+    # then releases only a lock this thread holds, never another's.
     _lock.acquire()
 
 
 def _after_fork_parent():
-    _lock.release()
+    try:
+        _lock.release()     # RuntimeError: this thread does not hold it
+    except RuntimeError:
+        pass
 
 
 def _after_fork_child():
     # A child's old storages are its own copies: moving them into the
     # parent's mirrors would change what the parent's tensors read.
     global _lock
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     _mirrors.clear()
 
 

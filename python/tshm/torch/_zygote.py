@@ -95,8 +95,10 @@ _SERVE = ("import os, signal, sys; "
           "_serve(int(sys.argv[1]), int(sys.argv[2]), err, int(sys.argv[3]), "
           "int(sys.argv[4]))")
 
-_lock = threading.Lock()
-_owner = None           # the thread holding _lock
+# An RLock for what it knows of its owner: _request() releases it, or
+# refuses to wait for it, by whether this thread holds it, whatever a
+# signal handler raised where (see _context.ProcessContext.join()).
+_lock = threading.RLock()
 # (pid of its starter, _Procs, Connection, _Life): the zygote now.
 _zygote = None
 # In the zygote: the fd of its connection to the caller, and one of
@@ -240,9 +242,8 @@ def _whole(life, unread, op, *args):
 def _after_fork_in_child():
     # Another thread may have held the lock, talking to the zygote: that
     # thread does not exist here.  The zygote is the parent's.
-    global _lock, _owner, _zygote, _deferred
-    _lock = threading.Lock()
-    _owner = None
+    global _lock, _zygote, _deferred
+    _lock = threading.RLock()
     _zygote = None
     # Forked by another thread while the main one held the lock: SIGINT's
     # handler is the caller's again.
@@ -348,14 +349,12 @@ def _ask(request, retry=False, life=None):
 
 def _request(request, retry=False, life=None):
     """_ask(), and the life of the zygote that answered."""
-    global _owner
     # Pickled first: a request that cannot be pickled is the caller's
     # error, and leaves the connection as it was.  (bytes: dumps() gives
     # a view of a BytesIO, which an interrupt's traceback would keep in
     # a cycle that the collector then breaks with a BufferError.)
     buf = bytes(reduction.ForkingPickler.dumps(request))
-    me = threading.get_ident()
-    if _owner == me:
+    if _lock._is_owned():
         # A handler of another signal, run while this thread talks to
         # the zygote: waiting for the lock would never end.
         raise RuntimeError(
@@ -378,15 +377,21 @@ def _request(request, retry=False, life=None):
                     if sigint.frames:
                         raise _Interrupted
         except BaseException as e:
-            failure = e             # the lock not taken
+            # Mostly before the lock was taken; but a handler of another
+            # signal (SIGTERM's sys.exit()) may raise as acquire()
+            # returns, the lock taken: this thread's, since it held none
+            # (above), and let go here, or every request waits for ever.
+            failure = e
+            try:
+                _lock.release()       # RuntimeError: not held
+            except RuntimeError:
+                pass
         else:
             try:
-                _owner = me
                 answer = _exchange(request, buf, retry, life, sigint)
             except BaseException as e:
                 failure = e
             finally:
-                _owner = None
                 _lock.release()
         finally:
             if sigint is not None:
