@@ -393,8 +393,10 @@ def test_a_join_interrupted_anywhere_leaves_no_lock_held(tmp_path):
     assert (res.returncode, res.stdout) == (0, "True True\n"), res.stderr
 
 
-def _sleep_1(rank):
-    time.sleep(1)
+def _sleep_3(rank):
+    # Long enough that the alarm at 0.2 s comes during the join, even in
+    # the emulated VM.
+    time.sleep(3)
 
 
 def test_a_join_from_a_handler_that_interrupted_a_join():
@@ -402,7 +404,7 @@ def test_a_join_from_a_handler_that_interrupted_a_join():
     times out at once, or without a timeout raises (it waited for ever);
     another thread's join times out while this one's runs, takes nothing
     from it, and sees the end after."""
-    ctx = tshm.torch.spawn(_sleep_1, nprocs=1, join=False,
+    ctx = tshm.torch.spawn(_sleep_3, nprocs=1, join=False,
                            start_method="fork")
     seen = []
 
